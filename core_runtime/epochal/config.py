@@ -1,0 +1,113 @@
+"""JobConfig: what a job asks for, validated when it is submitted."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from epochal_sdk import ConfigError, Guarantee
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: str | float | int, option: str = "duration") -> float:
+    """``"500ms"``, ``"2s"``, ``"1m"`` or a number of seconds → seconds."""
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(
+                "job", option, f"{value!r} is not a duration", "Write e.g. 1s, 500ms."
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError("job", option, f"{value!r} is negative", "Give a positive duration.")
+    return seconds
+
+
+@dataclass
+class JobConfig:
+    """How a job runs.
+
+    Args:
+        guarantee: the processing guarantee asked for; the effective one is the weakest of this,
+            each source's and each sink's.
+        snapshot_interval: seconds between snapshots (the micro-batch trigger interval).
+        available_now: process what is available, then finish (a bounded run), instead of
+            triggering every ``snapshot_interval``.
+        allow_downgrade: run with a weaker guarantee when a connector cannot give the one asked
+            for (logged), instead of refusing to start.
+        auto_restart: restart after restartable failures.
+        max_restarts: give up after this many restarts in a row without progress.
+        restart_backoff: first wait before a restart (seconds); doubles up to
+            ``max_restart_backoff``.
+        split_brain_protection: restart only with a quorum (``original/2 + 1``) of the executors
+            the job first ran with.
+        snapshot_dir: where snapshots and job records live (a path or a pyarrow filesystem URI).
+        master: the Spark master (``local[2]``, ``local-cluster[2,1,1024]``, a cluster URL).
+        spark_conf: extra Spark settings.
+        faults: crash points to fire (tests and the demo), e.g. ``"sink.after_decision@3"``.
+    """
+
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    snapshot_interval: float = 1.0
+    available_now: bool = False
+    allow_downgrade: bool = False
+    auto_restart: bool = True
+    max_restarts: int = 10
+    restart_backoff: float = 1.0
+    max_restart_backoff: float = 30.0
+    split_brain_protection: bool = False
+    snapshot_dir: str = "./epochal-snapshots"
+    master: str = "local[2]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    faults: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            self.guarantee = Guarantee.parse(self.guarantee)
+        except ValueError as exc:
+            raise ConfigError(
+                "job", "guarantee", str(exc), "Use exactly-once, at-least-once or none."
+            ) from None
+        try:
+            self.max_restarts = int(self.max_restarts)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                "job", "max_restarts", f"{self.max_restarts!r} is not a number", "Give 0 or more."
+            ) from None
+        self.snapshot_interval = parse_duration(self.snapshot_interval, "snapshot_interval")
+        self.restart_backoff = parse_duration(self.restart_backoff, "restart_backoff")
+        self.max_restart_backoff = parse_duration(self.max_restart_backoff, "max_restart_backoff")
+        if self.snapshot_interval <= 0:
+            raise ConfigError(
+                "job", "snapshot_interval", "must be above zero", "Give e.g. 1s or 500ms."
+            )
+        if self.max_restarts < 0:
+            raise ConfigError("job", "max_restarts", "is negative", "Give 0 or more.")
+        if not str(self.snapshot_dir).strip():
+            raise ConfigError("job", "snapshot_dir", "is empty", "Give a directory or a URI.")
+        if self.faults:
+            from epochal.faults import FaultPlan
+
+            FaultPlan.parse(self.faults)  # fail at submit on a typo, not in the middle of a run
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy (the guarantee by its label)."""
+        out = asdict(self)
+        out["guarantee"] = self.guarantee.label
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        """The inverse of :meth:`to_dict`; unknown keys are an error that names them."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                "job", unknown[0], "is not a JobConfig setting", f"Use: {', '.join(sorted(known))}."
+            )
+        return cls(**data)

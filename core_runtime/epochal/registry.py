@@ -1,0 +1,102 @@
+"""Connector discovery: pluggy hooks, plugins found through the ``epochal`` entry points.
+
+The runtime never imports a connector by name; it asks the plugins.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import json
+import os
+import re
+from collections.abc import Mapping
+
+import pluggy
+
+from epochal_sdk import ConfigError, Connector
+from epochal_sdk import hookspecs as specs
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+EXTRA_PLUGINS_ENV = "EPOCHAL_PLUGINS"
+"""Comma-separated modules to load as plugins besides the installed entry points (for local
+connectors and test doubles; inherited by the driver processes the supervisor starts)."""
+
+
+@functools.cache
+def plugin_manager() -> pluggy.PluginManager:
+    """The plugin manager with every installed plugin loaded."""
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+    manager.load_setuptools_entrypoints(specs.ENTRY_POINT_GROUP)
+    extra = (name.strip() for name in os.environ.get(EXTRA_PLUGINS_ENV, "").split(","))
+    for module_name in filter(None, extra):
+        module = importlib.import_module(module_name)
+        if not manager.is_registered(module):
+            manager.register(module)
+    return manager
+
+
+def connectors(manager: pluggy.PluginManager | None = None) -> dict[str, type[Connector]]:
+    """Every registered connector class by name."""
+    found: dict[str, type[Connector]] = {}
+
+    def register(cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Connector)):
+            raise TypeError(f"register() takes a Connector subclass, got {cls!r}")
+        if not _SAFE_ID.match(getattr(cls, "name", "") or ""):
+            raise ConfigError(
+                "epochal",
+                "name",
+                f"connector class {cls.__module__}.{cls.__name__} has name "
+                f"{getattr(cls, 'name', None)!r}",
+                "Name it with letters, digits, '-' and '_'.",
+            )
+        if cls.name in found and found[cls.name] is not cls:
+            raise ConfigError(
+                "epochal",
+                cls.name,
+                f"two plugins register a connector named {cls.name!r} "
+                f"({found[cls.name].__module__} and {cls.__module__})",
+                "Uninstall one of them.",
+            )
+        found[cls.name] = cls
+
+    (manager or plugin_manager()).hook.register_connectors(register=register)
+    return dict(sorted(found.items()))
+
+
+def connector(name: str) -> Connector:
+    """An instance of the connector ``name``; a clear error naming the installed ones."""
+    available = connectors()
+    if name not in available:
+        installed = ", ".join(available) or "none"
+        raise ConfigError(
+            "epochal",
+            "format",
+            f"no connector named {name!r} is installed (installed: {installed})",
+            f"pip install epochal-{name}, or check the name after 'epochal.'",
+        )
+    return available[name]()
+
+
+def part_id(name: str, options: Mapping[str, str]) -> str:
+    """A stable id for one source or sink of a query: ``epochal.id`` if given, else the
+    connector name and a hash of its options (the same options give the same id after a
+    restart, so the snapshot entries are found again)."""
+    explicit = {k.lower(): v for k, v in options.items()}.get("epochal.id")
+    if explicit:
+        if not _SAFE_ID.match(explicit):
+            raise ConfigError(
+                name,
+                "epochal.id",
+                f"{explicit!r} is not allowed",
+                "Use letters, digits, '-' and '_' (it names snapshot entries and prefixes "
+                "transaction ids).",
+            )
+        return explicit
+    user = {k.lower(): v for k, v in options.items() if not k.lower().startswith("epochal.")}
+    digest = hashlib.sha1(json.dumps(user, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{name}-{digest}"

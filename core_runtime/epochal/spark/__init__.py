@@ -1,0 +1,1 @@
+"""Adapters from the SDK contracts to PySpark's Python data source API."""

@@ -1,0 +1,164 @@
+"""One Spark data source class per installed connector: ``format("epochal.<name>")``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
+from pyspark.sql.types import StructType
+
+from epochal import guarantee as guarantees
+from epochal import registry
+from epochal.context import JobContext
+from epochal.spark.common import Part, sdk_schema
+from epochal.spark.sinks import IdempotentWriterAdapter, TransactionalWriter, two_phase
+from epochal.spark.sources import AcknowledgingReader, ReplayableReader
+from epochal_sdk import (
+    AcknowledgingSource,
+    ConfigError,
+    IdempotentSink,
+    ReplayableSource,
+    TransactionalSink,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("epochal.datasource")
+
+FORMAT_PREFIX = "epochal."
+
+
+class EpochalDataSource(DataSource):
+    """The Spark side of a connector. Created on the driver: it captures the job context there
+    and carries it, pickled, to the executors."""
+
+    connector_name: ClassVar[str] = ""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.options = dict(options)
+        self.context = JobContext.current(self.options)
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_PREFIX + cls.connector_name
+
+    def _part(self) -> Part:
+        return Part(
+            self.connector_name,
+            self.options,
+            registry.part_id(self.connector_name, self.options),
+            self.context,
+        )
+
+    def schema(self) -> str:
+        source = self._part().build_source()
+        try:
+            return source.schema()
+        finally:
+            source.close()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        part = self._part()
+        source = part.build_source()
+        try:
+            source.check()
+            part.guarantee = guarantees.effective(
+                self.context.guarantee,
+                source.max_guarantee(),
+                part=f"source {part.label}",
+                options=self.options,
+                allow_downgrade=self.context.allow_downgrade,
+            )
+        finally:
+            source.close()
+        part.record("source", {"contract": type(source).__mro__[1].__name__})
+        if isinstance(source, ReplayableSource):
+            return ReplayableReader(part, schema)
+        if isinstance(source, AcknowledgingSource):
+            return AcknowledgingReader(part, schema)
+        raise TypeError(f"{part.label}: {type(source).__name__} implements no source contract")
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        part = self._part()
+        fields = sdk_schema(schema)
+        sink = part.build_sink()
+        try:
+            mode = _sink_mode(part, sink)
+            part.guarantee = guarantees.effective(
+                self.context.guarantee,
+                sink.max_guarantee(),
+                part=f"sink {part.label}",
+                options=self.options,
+                allow_downgrade=self.context.allow_downgrade,
+            )
+            if _planning_worker():
+                _trace(f"planning {part.label}")
+                sink.check(fields)
+                part.record("sink", {"contract": mode})
+                if mode == "transactional":
+                    report = two_phase(part, sink).recover()
+                    _trace(f"{part.label}: recovery at query start: {report}")
+        finally:
+            sink.close()
+        if mode == "transactional":
+            return TransactionalWriter(part, fields)
+        return IdempotentWriterAdapter(part, fields)
+
+
+def _trace(message: str) -> None:
+    """Driver-side workers' stderr is not the driver's log: note key steps in the job's logs."""
+    directory = os.environ.get("EPOCHAL_JOB_DIR")
+    if not directory or "://" in directory:
+        return
+    os.makedirs(f"{directory}/logs", exist_ok=True)
+    with open(f"{directory}/logs/protocol.log", "a") as fh:
+        fh.write(f"{message}\n")
+
+
+def _sink_mode(part: Part, sink: Any) -> str:
+    transactional = isinstance(sink, TransactionalSink)
+    idempotent = isinstance(sink, IdempotentSink)
+    if transactional and idempotent:
+        mode = sink.sink_mode() if hasattr(sink, "sink_mode") else "idempotent"
+    elif transactional:
+        mode = "transactional"
+    elif idempotent:
+        mode = "idempotent"
+    else:
+        raise TypeError(f"{part.label}: {type(sink).__name__} implements no sink contract")
+    if mode not in ("transactional", "idempotent"):
+        raise ConfigError(
+            part.connector, "mode", f"{mode!r} is unknown", "Use one of: transactional, idempotent."
+        )
+    return mode
+
+
+def _planning_worker() -> bool:
+    """True in the driver worker that plans the write (once per query start), False in the
+    per-batch commit workers and in executors. PySpark starts its driver-side workers as
+    ``python -m pyspark.daemon <worker module>`` (or ``-m <worker module>``)."""
+    return any("write_into_data_source" in arg for arg in sys.argv) or (
+        os.environ.get("EPOCHAL_PLANNING_WORKER") == "1"
+    )
+
+
+@functools.cache
+def data_source_class(name: str) -> type[EpochalDataSource]:
+    """The data source class of connector ``name``."""
+    return type(f"EpochalDataSource_{name}", (EpochalDataSource,), {"connector_name": name})
+
+
+def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
+    """Register every installed connector (or ``names``) on a session:
+    ``spark.readStream.format("epochal.<name>")`` and ``writeStream.format(...)`` then work."""
+    chosen = names or list(registry.connectors())
+    for name in chosen:
+        registry.connector(name)  # a clear error for an unknown name
+        spark.dataSource.register(data_source_class(name))
+    return [FORMAT_PREFIX + n for n in chosen]

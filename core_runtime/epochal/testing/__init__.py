@@ -1,0 +1,28 @@
+"""epochal.testing: the conformance kit (a pytest plugin) for connector packages.
+
+Example (a connector's tests)::
+
+    from epochal.testing import ConformanceSuite, SinkUnderTest
+
+    class TestMySink(ConformanceSuite):
+        sink_modes = ("transactional",)
+
+        @pytest.fixture
+        def epochal_sink(self, my_server):
+            return MySinkUnderTest(my_server)
+
+        @pytest.fixture
+        def epochal_source(self, epochal_map_source):
+            return epochal_map_source
+"""
+
+from epochal.testing.kit import (
+    Case,
+    ConformanceSuite,
+    Outcome,
+    SinkUnderTest,
+    SourceUnderTest,
+    run_case,
+)
+
+__all__ = ["Case", "ConformanceSuite", "Outcome", "SinkUnderTest", "SourceUnderTest", "run_case"]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, with a per-phase time summary. Used by `make test` and `.ci/run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+declare -a PHASES=()
+phase() {
+  local name="$1"; shift
+  local start=$SECONDS
+  echo "=== phase: $name"
+  "$@"
+  PHASES+=("$(printf '%-26s %5ss' "$name" "$((SECONDS - start))")")
+}
+summary() {
+  echo "=== time per phase"
+  for line in "${PHASES[@]}"; do echo "  $line"; done
+}
+trap summary EXIT
+
+phase "python packages" "$PYTHON" scripts/install.py
+phase "integration prerequisites" bash .ci/install-integration
+phase "lint (ruff)" ruff check .
+phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=15 "$@"

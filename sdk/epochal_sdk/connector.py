@@ -1,0 +1,69 @@
+"""A connector: a name, a description, and its source and/or sink classes."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from epochal_sdk.guarantees import Guarantee
+from epochal_sdk.options import Options
+from epochal_sdk.sinks import IdempotentSink, Sink, TransactionalSink
+from epochal_sdk.sources import AcknowledgingSource, ReplayableSource, Source
+
+CONTRACTS: tuple[type, ...] = (
+    ReplayableSource,
+    AcknowledgingSource,
+    TransactionalSink,
+    IdempotentSink,
+)
+
+
+class Connector:
+    """Subclass this, set the class attributes and register the class from a plugin.
+
+    Example::
+
+        class MapConnector(Connector):
+            name = "map"
+            description = "Embedded key-value map with an event journal (SQLite)."
+            source_class = MapJournalSource
+            sink_class = MapSink
+
+    ``spark.readStream.format("epochal.map")`` then builds ``MapJournalSource(options)``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    source_class: ClassVar[type[Source] | None] = None
+    sink_class: ClassVar[type[Sink] | None] = None
+
+    def source(self, options: Options) -> Source:
+        """Build the source for these options (override to choose a class by option)."""
+        if self.source_class is None:
+            raise TypeError(f"connector {self.name!r} has no source")
+        return self.source_class(options)
+
+    def sink(self, options: Options) -> Sink:
+        """Build the sink for these options (override to choose a class by option)."""
+        if self.sink_class is None:
+            raise TypeError(f"connector {self.name!r} has no sink")
+        return self.sink_class(options)
+
+    @classmethod
+    def contracts(cls) -> list[str]:
+        """Names of the contracts this connector implements."""
+        found = []
+        for part in (cls.source_class, cls.sink_class):
+            if part is None:
+                continue
+            found += [c.__name__ for c in CONTRACTS if issubclass(part, c)]
+        return found
+
+    @classmethod
+    def guarantees(cls) -> dict[str, Guarantee]:
+        """The strongest guarantee of the source and of the sink, as declared."""
+        out = {}
+        if cls.source_class is not None:
+            out["source"] = cls.source_class.MAX_GUARANTEE
+        if cls.sink_class is not None:
+            out["sink"] = cls.sink_class.MAX_GUARANTEE
+        return out

@@ -1,0 +1,58 @@
+"""Errors a connector raises. Each says what is wrong and what to do about it.
+
+The runtime classifies failures by these types: :class:`RestartableError` (and
+``ConnectionError``/``TimeoutError``) restarts the job from its last snapshot; every other
+error fails the job with its message.
+"""
+
+from __future__ import annotations
+
+RESTARTABLE_MARK = "[epochal:restartable]"
+"""Marker carried in the message of restartable errors, so that the classification survives
+the trip through Spark's JVM, where only the text of a Python exception is kept."""
+
+
+class EpochalError(Exception):
+    """Base class of every error epochal raises on purpose."""
+
+
+class ConfigError(EpochalError):
+    """A connector or job option is missing or wrong.
+
+    Args:
+        connector: the connector (or ``job``) the option belongs to.
+        option: the option's name.
+        problem: what is wrong with it.
+        fix: what the user should do instead.
+    """
+
+    def __init__(self, connector: str, option: str, problem: str, fix: str) -> None:
+        self.connector, self.option, self.problem, self.fix = connector, option, problem, fix
+        super().__init__(f"{connector}: option {option!r}: {problem}. {fix}")
+
+
+class SchemaMismatchError(EpochalError):
+    """The data's columns do not fit the target (a table, a map, a topic's format)."""
+
+
+class GuaranteeError(EpochalError):
+    """A job asks for a guarantee that one of its connectors cannot keep."""
+
+
+class PoisonRecordError(EpochalError):
+    """One record cannot be processed. Names the record; nothing else is skipped."""
+
+
+class SnapshotError(EpochalError):
+    """Snapshot data is missing or corrupt; the job refuses to run on it."""
+
+
+class FencedError(EpochalError):
+    """This process lost its job lease: another driver owns the job now."""
+
+
+class RestartableError(EpochalError):
+    """A transient failure (lost connection, timeout): restart the job from its last snapshot."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} {RESTARTABLE_MARK}")

@@ -1,0 +1,134 @@
+"""Job life cycle on real Spark: refusals at submit, restarts, suspend/resume/cancel,
+snapshot verification before a restart."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from epochal import Job, JobConfig, JobStatus
+from epochal_map import MapStore
+
+pytestmark = pytest.mark.spark
+
+
+def _config(tmp_path: Path, **changes: object) -> JobConfig:
+    settings = {
+        "snapshot_dir": str(tmp_path / "snapshots"),
+        "available_now": True,
+        "restart_backoff": 0.2,
+    }
+    settings.update(changes)
+    return JobConfig(**settings)  # type: ignore[arg-type]
+
+
+def _output(path: str) -> dict[str, str]:
+    with MapStore(path) as store:
+        return store.entries("output")
+
+
+def test_exactly_once_with_an_incapable_sink_is_refused_at_submit(
+    tmp_path: Path, map_path: str, weak_plugin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPOCHAL_TEST_SINK", "weakmap")
+    record = Job.submit("refused", "pipelines:copy", _config(tmp_path)).join(300)
+    assert record.status == JobStatus.FAILED
+    assert record.restarts == 0
+    assert "GuaranteeError" in record.failure
+    assert "connector 'weakmap'" in record.failure
+    assert "at-least-once" in record.failure and "allow the downgrade" in record.failure
+    assert _output(map_path) == {}
+
+
+def test_a_downgrade_runs_when_allowed_or_lowered_explicitly(
+    tmp_path: Path, map_path: str, weak_plugin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPOCHAL_TEST_SINK", "weakmap")
+    allowed = Job.submit("allowed", "pipelines:copy", _config(tmp_path, allow_downgrade=True))
+    assert allowed.join(300).status == JobStatus.COMPLETED
+    assert len(_output(map_path)) == 200
+    part = allowed.jobdir.store.list("parts")
+    assert any("sink-" in key for key in part)
+    sink_record = allowed.jobdir.store.read_json(next(k for k in part if "sink-" in k))
+    assert sink_record["guarantee"] == "at-least-once"
+
+    monkeypatch.setenv("EPOCHAL_TEST_SINK_GUARANTEE", "at-least-once")
+    lowered = Job.submit("lowered", "pipelines:copy", _config(tmp_path))
+    assert lowered.join(300).status == JobStatus.COMPLETED
+
+
+def test_user_code_errors_fail_the_job_without_restarts(tmp_path: Path, map_path: str) -> None:
+    record = Job.submit("broken", "pipelines:broken", _config(tmp_path)).join(300)
+    assert record.status == JobStatus.FAILED
+    assert record.restarts == 0
+    assert "ZeroDivisionError: a bug in the pipeline" in record.failure
+
+
+def test_a_corrupt_snapshot_is_refused_on_restart(tmp_path: Path, map_path: str) -> None:
+    job = Job.submit("corrupt", "pipelines:copy", _config(tmp_path))
+    assert job.join(300).status == JobStatus.COMPLETED
+    assert job.verify() == []
+    entries = [key for key in _all_entries(job.jobdir.store.base) if "/decisions/" in key]
+    assert entries, "the transactional sink recorded no decisions"
+    victim = Path(job.jobdir.store.base) / entries[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    assert any("corrupt" in p for p in job.verify())
+
+    resumed = Job("corrupt", job.jobdir.snapshot_dir).resume(report=lambda line: None)
+    record = resumed.join(120)
+    assert record.status == JobStatus.FAILED
+    assert "refusing to restart" in record.failure and "corrupt" in record.failure
+
+
+def test_a_lost_checkpoint_is_refused_on_restart(tmp_path: Path, map_path: str) -> None:
+    job = Job.submit("lost", "pipelines:copy", _config(tmp_path))
+    assert job.join(300).status == JobStatus.COMPLETED
+    commits = Path(job.jobdir.checkpoint) / "commits"
+    for entry in commits.iterdir():
+        entry.unlink()
+    record = Job("lost", job.jobdir.snapshot_dir).resume(report=lambda line: None).join(120)
+    assert record.status == JobStatus.FAILED
+    assert "checkpoint" in record.failure
+
+
+def test_suspend_resume_and_cancel(tmp_path: Path, map_path: str) -> None:
+    config = _config(tmp_path, available_now=False, snapshot_interval=0.5)
+    job = Job.submit("lifecycle", "pipelines:copy", config, report=lambda line: None)
+    _wait(lambda: len(_output(map_path)) == 200, "the first 200 records")
+    job.suspend()
+    assert job.join(120).status == JobStatus.SUSPENDED
+    assert os.path.isdir(job.jobdir.checkpoint)
+    batch = job.status().progress["batch"]
+
+    with MapStore(map_path) as store:  # more data while suspended
+        store.append_events("input", [(str(i), f"v{i}") for i in range(200, 300)])
+    job.resume(report=lambda line: None)
+    _wait(lambda: len(_output(map_path)) == 300, "the 100 records added while suspended")
+    assert job.status().progress["batch"] > batch
+    job.cancel()
+    record = job.join(120)
+    assert record.status == JobStatus.CANCELLED
+    assert not os.path.exists(job.jobdir.checkpoint)
+    assert not os.path.exists(job.jobdir.store.base)
+
+
+def _wait(condition, what: str, seconds: float = 240.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _all_entries(base: str) -> list[str]:
+    out = []
+    for root, _, files in os.walk(base):
+        for name in files:
+            if name.endswith(".manifest"):
+                out.append(os.path.relpath(os.path.join(root, name[: -len(".manifest")]), base))
+    return sorted(out)

@@ -1,0 +1,137 @@
+"""Fault plans: parsing, and crash points that kill the process once (run in subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epochal.faults import DRIVER_POINTS, EXECUTOR_POINTS, POINTS, Fault, FaultPlan
+from epochal_sdk import ConfigError
+
+
+def test_parse_points_and_batches() -> None:
+    plan = FaultPlan.parse(" sink.after_prepare@2, sink.after_decision@4 ,job.after_batch ")
+    assert plan.faults == (
+        Fault("sink.after_prepare", 2),
+        Fault("sink.after_decision", 4),
+        Fault("job.after_batch", None),
+    )
+    assert [f.label for f in plan.faults] == [
+        "sink.after_prepare@2",
+        "sink.after_decision@4",
+        "job.after_batch",
+    ]
+    assert plan.marker_dir is None
+    assert bool(plan)
+
+
+def test_parse_empty() -> None:
+    for text in ("", " , ", None):
+        plan = FaultPlan.parse(text)  # type: ignore[arg-type]
+        assert plan.faults == ()
+        assert not plan
+    FaultPlan.parse("").reach("sink.after_commit", 3)  # nothing to do, no crash
+
+
+def test_points_are_split_between_driver_and_executors() -> None:
+    assert set(DRIVER_POINTS).isdisjoint(EXECUTOR_POINTS)
+    assert set(POINTS) == set(DRIVER_POINTS) | set(EXECUTOR_POINTS)
+    assert "sink.after_prepare" in EXECUTOR_POINTS
+    assert "sink.after_decision" in DRIVER_POINTS
+
+
+def test_unknown_point_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        FaultPlan.parse("sink.after_commit@1, sink.before_everything@2")
+    message = str(info.value)
+    assert info.value.option == "faults"
+    assert "unknown crash point 'sink.before_everything'" in message
+    for point in POINTS:
+        assert point in message
+
+
+@pytest.mark.parametrize("text", ["sink.after_commit@three", "sink.after_commit@1.5"])
+def test_bad_batch(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        FaultPlan.parse(text)
+    assert f"{text!r}: batch is not a number" in str(info.value)
+    assert "point@3" in str(info.value)
+
+
+# -- firing (in subprocesses: a fault kills its process with SIGKILL) -----------------------
+
+SCRIPT = """
+import sys
+from epochal.faults import FaultPlan
+plan = FaultPlan.parse(sys.argv[1], sys.argv[2])
+plan.reach(sys.argv[3], int(sys.argv[4]))
+print("survived", flush=True)
+"""
+
+
+def reach_in_subprocess(
+    plan: str, marker_dir: Path, point: str, batch: int
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "EPOCHAL_DRIVER_PGID"}
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, plan, str(marker_dir), point, str(batch)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_driver_fault_fires_once(tmp_path: Path) -> None:
+    markers = tmp_path / "faults"
+    first = reach_in_subprocess("sink.after_commit@3", markers, "sink.after_commit", 3)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert "survived" not in first.stdout
+    assert "crash point sink.after_commit at batch 3" in first.stderr
+    assert FaultPlan.parse("sink.after_commit@3", str(markers)).fired() == ["sink.after_commit@3"]
+
+    second = reach_in_subprocess("sink.after_commit@3", markers, "sink.after_commit", 3)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "survived"
+    marker = (markers / "sink.after_commit@3").read_text()
+    assert marker.strip().isdigit()  # the pid of the process that fired it
+
+
+def test_an_executor_fault_outside_an_executor_kills_the_worker(tmp_path: Path) -> None:
+    markers = tmp_path / "faults"
+    done = reach_in_subprocess("sink.after_prepare@1", markers, "sink.after_prepare", 1)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert "survived" not in done.stdout
+    assert FaultPlan.parse("", str(markers)).fired() == ["sink.after_prepare@1"]
+
+
+def test_other_batches_and_points_do_not_fire(tmp_path: Path) -> None:
+    markers = tmp_path / "faults"
+    plan = FaultPlan.parse("sink.after_commit@3", str(markers))
+    plan.reach("sink.after_commit", 2)
+    plan.reach("sink.after_commit", None)
+    plan.reach("sink.after_decision", 3)
+    plan.reach("job.after_batch", 3)
+    assert plan.fired() == []
+    assert not markers.exists()
+
+
+def test_a_fault_already_fired_does_not_fire_again_in_this_process(tmp_path: Path) -> None:
+    markers = tmp_path / "faults"
+    markers.mkdir()
+    (markers / "job.after_batch").write_text("1\n")
+    (markers / "sink.after_decision@2").write_text("1\n")
+    plan = FaultPlan.parse("job.after_batch, sink.after_decision@2", str(markers))
+    plan.reach("job.after_batch", 7)  # would kill this test process if it fired
+    plan.reach("sink.after_decision", 2)
+    assert plan.fired() == ["job.after_batch", "sink.after_decision@2"]
+
+
+def test_fired_without_markers() -> None:
+    assert FaultPlan.parse("job.after_batch").fired() == []
+    assert FaultPlan.parse("job.after_batch", "/nonexistent/epochal-markers").fired() == []

@@ -1,0 +1,284 @@
+"""Job records, the job lease (fencing), listing, and cancel/suspend requests."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from epochal.config import JobConfig
+from epochal.jobs import (
+    JobDirectory,
+    JobError,
+    JobRecord,
+    JobStatus,
+    list_jobs,
+    new_owner,
+)
+from epochal.store import get_record, put_record
+from epochal.supervisor import request
+
+# `epochal.jobs` as an attribute is the `jobs()` function of epochal/__init__.py, which hides
+# the module (see test_the_jobs_module_is_reachable_as_an_attribute)
+JOBS = importlib.import_module("epochal.jobs")
+
+
+@pytest.fixture
+def snapshots(tmp_path: Path) -> str:
+    return str(tmp_path / "snapshots")
+
+
+def record(name: str, snapshot_dir: str, **kwargs) -> JobRecord:
+    return JobRecord(name, "jobs:build", JobConfig(snapshot_dir=snapshot_dir).to_dict(), **kwargs)
+
+
+def saved(snapshots: str, name: str = "orders", **kwargs) -> JobDirectory:
+    jobdir = JobDirectory(snapshots, name)
+    jobdir.save(record(name, snapshots, **kwargs))
+    return jobdir
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+def test_save_and_load(snapshots: str) -> None:
+    jobdir = JobDirectory(snapshots, "orders-daily_2")
+    assert not jobdir.exists()
+    rec = record("orders-daily_2", snapshots, progress={"batch": 4})
+    before = time.time()
+    jobdir.save(rec)
+    assert jobdir.exists()
+    loaded = jobdir.load()
+    assert loaded.name == "orders-daily_2"
+    assert loaded.target == "jobs:build"
+    assert loaded.status is JobStatus.SUBMITTED
+    assert loaded.progress == {"batch": 4}
+    assert loaded.updated >= before
+    assert loaded.job_config == JobConfig(snapshot_dir=snapshots)
+    assert jobdir.path == f"{snapshots}/orders-daily_2"
+    assert jobdir.checkpoint == f"{snapshots}/orders-daily_2/checkpoint"
+    assert jobdir.store.root == f"{snapshots}/orders-daily_2/store"
+    assert os.path.isfile(f"{snapshots}/orders-daily_2/job.json")
+
+
+def test_record_json_round_trip(snapshots: str) -> None:
+    rec = record("j", snapshots, status=JobStatus.RUNNING, run=3, failure="x")
+    data = rec.to_json()
+    assert data["status"] == "RUNNING"
+    assert JobRecord.from_json(data) == rec
+
+
+def test_update_writes_the_change(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    with jobdir.update() as rec:
+        rec.status = JobStatus.RUNNING
+        rec.run += 1
+    loaded = jobdir.load()
+    assert loaded.status is JobStatus.RUNNING
+    assert loaded.run == 1
+    assert not os.path.exists(os.path.join(jobdir.path, ".record.lock"))
+
+
+def test_update_that_fails_writes_nothing_and_unlocks(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    with pytest.raises(RuntimeError), jobdir.update() as rec:
+        rec.status = JobStatus.FAILED
+        raise RuntimeError("boom")
+    assert jobdir.load().status is JobStatus.SUBMITTED
+    with jobdir.update() as rec:  # not left locked
+        rec.run = 5
+    assert jobdir.load().run == 5
+
+
+def test_update_breaks_a_stale_lock(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    lock = os.path.join(jobdir.path, ".record.lock")
+    open(lock, "w").close()
+    old = time.time() - 60
+    os.utime(lock, (old, old))  # left by a killed process
+    with jobdir.update() as rec:
+        rec.run = 2
+    assert jobdir.load().run == 2
+
+
+def test_load_of_an_unknown_job(snapshots: str) -> None:
+    with pytest.raises(JobError) as info:
+        JobDirectory(snapshots, "nope").load()
+    message = str(info.value)
+    assert f"no job named 'nope' in {snapshots}" in message
+    assert "epochal jobs list" in message
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a/b", "../etc", "a.b", "job:1", "x\n"])
+def test_invalid_job_names(snapshots: str, name: str) -> None:
+    with pytest.raises(JobError) as info:
+        JobDirectory(snapshots, name)
+    assert f"job name {name!r} is not allowed" in str(info.value)
+    assert "letters, digits, '-' and '_'" in str(info.value)
+
+
+def test_job_status_finished() -> None:
+    finished = {s for s in JobStatus if s.finished}
+    assert finished == {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}
+
+
+def test_list_jobs(snapshots: str) -> None:
+    assert list_jobs(snapshots) == []
+    saved(snapshots, "second", created=200.0)
+    saved(snapshots, "first", created=100.0)
+    os.makedirs(f"{snapshots}/not-a-job/checkpoint")
+    os.makedirs(f"{snapshots}/bad.name")
+    Path(snapshots, "stray-file").write_text("x")
+    assert [r.name for r in list_jobs(snapshots)] == ["first", "second"]
+
+
+# -- lease ----------------------------------------------------------------------------------
+
+
+def test_acquire_increments_the_epoch(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    owner = new_owner()
+    assert jobdir.lease() is None
+    assert jobdir.lease_epoch() == 0
+    assert jobdir.acquire_lease(owner) == 1
+    assert jobdir.lease_epoch() == 1
+    assert jobdir.acquire_lease(owner) == 2  # the same owner may take it again
+    lease = jobdir.lease()
+    assert lease["owner"] == owner
+    assert lease["pid"] == os.getpid()
+    assert lease["host"] == socket.gethostname()
+    assert time.time() - lease["renewed"] < 60
+
+
+def test_a_second_owner_is_refused_while_the_lease_is_fresh(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    first, second = new_owner(), new_owner()
+    assert first != second
+    jobdir.acquire_lease(first)
+    with pytest.raises(JobError) as info:
+        jobdir.acquire_lease(second)
+    message = str(info.value)
+    assert f"pid {os.getpid()} on {socket.gethostname()}" in message
+    assert "lease epoch 1" in message
+    assert "--force" in message
+    assert jobdir.lease()["owner"] == first
+    assert jobdir.lease_epoch() == 1
+
+
+def test_force_takes_the_lease_and_fences_the_old_owner(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    first, second = new_owner(), new_owner()
+    epoch = jobdir.acquire_lease(first)
+    assert jobdir.renew_lease(first, epoch) is True
+    taken = jobdir.acquire_lease(second, force=True)
+    assert taken == epoch + 1
+    assert jobdir.renew_lease(first, epoch) is False
+    assert jobdir.renew_lease(second, taken) is True
+    assert jobdir.renew_lease(second, epoch) is False  # a stale epoch of the same owner
+    assert jobdir.lease()["owner"] == second
+
+
+def test_an_expired_lease_can_be_taken(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    first, second = new_owner(), new_owner()
+    jobdir.acquire_lease(first)
+    lease = jobdir.lease()
+    lease["renewed"] = time.time() - JOBS.LEASE_TTL - 1
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    assert jobdir.acquire_lease(second) == 2
+    assert jobdir.renew_lease(first, 1) is False
+
+
+def test_lease_ttl_is_read_at_acquire_time(snapshots: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    jobdir = saved(snapshots)
+    jobdir.acquire_lease(new_owner())
+    monkeypatch.setattr(JOBS, "LEASE_TTL", 0.0)
+    assert jobdir.acquire_lease(new_owner()) == 2
+
+
+def test_release_keeps_the_epoch_and_frees_the_lease(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    first, second = new_owner(), new_owner()
+    jobdir.acquire_lease(first)
+    jobdir.release_lease(second)  # not the owner: nothing happens
+    assert jobdir.lease()["renewed"] > 0
+    jobdir.release_lease(first)
+    assert jobdir.lease()["renewed"] == 0.0
+    assert jobdir.lease_epoch() == 1
+    assert jobdir.acquire_lease(second) == 2
+
+
+# -- requests without a live supervisor ------------------------------------------------------
+
+
+def fill_snapshots(jobdir: JobDirectory) -> None:
+    os.makedirs(f"{jobdir.checkpoint}/commits")
+    Path(jobdir.checkpoint, "commits", "0").write_text("v1")
+    jobdir.store.write_json("sinks/s/done/000000000000", {"batch": 0})
+    os.makedirs(f"{jobdir.path}/faults")
+
+
+def test_cancel_without_a_live_lease(snapshots: str) -> None:
+    jobdir = saved(snapshots, status=JobStatus.SUSPENDED)
+    fill_snapshots(jobdir)
+    final = request(jobdir, "cancel")
+    assert final.status is JobStatus.CANCELLED
+    assert final.requested is None
+    assert jobdir.load().status is JobStatus.CANCELLED
+    assert not os.path.exists(jobdir.checkpoint)
+    assert not os.path.exists(f"{jobdir.path}/store")
+    assert not os.path.exists(f"{jobdir.path}/faults")
+    assert jobdir.exists()  # the record stays
+
+
+def test_suspend_without_a_live_lease(snapshots: str) -> None:
+    jobdir = saved(snapshots, status=JobStatus.RESTARTING)
+    fill_snapshots(jobdir)
+    final = request(jobdir, "suspend")
+    assert final.status is JobStatus.SUSPENDED
+    assert final.requested is None
+    assert jobdir.store.exists("sinks/s/done/000000000000")  # snapshots are kept
+
+
+def test_requests_with_a_live_lease_are_left_to_the_supervisor(snapshots: str) -> None:
+    jobdir = saved(snapshots, status=JobStatus.RUNNING)
+    fill_snapshots(jobdir)
+    jobdir.acquire_lease(new_owner())
+    final = request(jobdir, "cancel")
+    assert final.status is JobStatus.RUNNING
+    assert final.requested == "cancel"
+    assert jobdir.store.exists("sinks/s/done/000000000000")
+
+
+def test_a_released_lease_is_not_live(snapshots: str) -> None:
+    jobdir = saved(snapshots, status=JobStatus.RUNNING)
+    owner = new_owner()
+    jobdir.acquire_lease(owner)
+    jobdir.release_lease(owner)
+    assert request(jobdir, "suspend").status is JobStatus.SUSPENDED
+
+
+def test_suspend_of_a_finished_job_is_refused(snapshots: str) -> None:
+    jobdir = saved(snapshots, status=JobStatus.COMPLETED)
+    with pytest.raises(JobError, match="job 'orders' is COMPLETED; nothing to suspend"):
+        request(jobdir, "suspend")
+    assert jobdir.load().requested is None
+    assert request(jobdir, "cancel").status is JobStatus.CANCELLED
+
+
+def test_lease_record_is_a_checked_record(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    jobdir.acquire_lease(new_owner())
+    assert get_record(jobdir.files, "lease.json")["epoch"] == 1
+
+
+def test_the_jobs_module_is_reachable_as_an_attribute() -> None:
+    import epochal
+    import epochal.jobs as jobs_module
+
+    assert jobs_module is JOBS
+    assert epochal.jobs.LEASE_TTL == JOBS.LEASE_TTL

@@ -1,0 +1,161 @@
+"""Connector discovery through pluggy entry points, extra plugins, and part ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pluggy
+import pytest
+
+from epochal import registry
+from epochal.testing import broker
+from epochal_map import MapConnector
+from epochal_sdk import ConfigError
+from epochal_sdk import hookspecs as specs
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test sees the plugins of its own environment (plugin_manager is cached)."""
+    monkeypatch.delenv(registry.EXTRA_PLUGINS_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    registry.plugin_manager.cache_clear()
+    yield
+    registry.plugin_manager.cache_clear()
+
+
+def test_map_is_found_through_its_entry_point() -> None:
+    found = registry.connectors()
+    assert found["map"] is MapConnector
+    assert "testqueue" not in found
+    assert isinstance(registry.connector("map"), MapConnector)
+
+
+def test_unknown_connector_names_the_installed_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        registry.connector("kafak")
+    message = str(info.value)
+    assert info.value.option == "format"
+    assert "no connector named 'kafak' is installed (installed: map)" in message
+    assert "pip install epochal-kafak" in message
+
+
+def test_extra_plugins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker")
+    registry.plugin_manager.cache_clear()
+    found = registry.connectors()
+    assert list(found) == ["map", "testqueue"]
+    assert found["testqueue"] is broker.TestQueueConnector
+    assert registry.connector("testqueue").name == "testqueue"
+
+
+def test_several_extra_plugins_with_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker, epochal_unit_extra")
+    registry.plugin_manager.cache_clear()
+    assert list(registry.connectors()) == ["map", "testqueue", "unitextra"]
+
+
+def test_the_plugin_manager_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = registry.plugin_manager()
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker")
+    assert registry.plugin_manager() is first
+    assert "testqueue" not in registry.connectors()
+    registry.plugin_manager.cache_clear()
+    assert "testqueue" in registry.connectors()
+
+
+def test_two_plugins_with_the_same_name_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal_unit_dup_a,epochal_unit_dup_b")
+    registry.plugin_manager.cache_clear()
+    with pytest.raises(ConfigError) as info:
+        registry.connectors()
+    message = str(info.value)
+    assert "two plugins register a connector named 'dup'" in message
+    assert "epochal_unit_dup_a" in message
+    assert "epochal_unit_dup_b" in message
+    assert "Uninstall one of them." in message
+
+
+def test_a_plugin_registering_the_same_class_twice_is_fine() -> None:
+    import epochal_unit_extra
+
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+    manager.register(epochal_unit_extra)
+
+    class Again:
+        @specs.hookimpl
+        def register_connectors(self, register) -> None:
+            register(epochal_unit_extra.ExtraConnector)
+
+    manager.register(Again())
+    assert registry.connectors(manager) == {"unitextra": epochal_unit_extra.ExtraConnector}
+
+
+def test_register_refuses_a_non_connector() -> None:
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+
+    class Bad:
+        @specs.hookimpl
+        def register_connectors(self, register) -> None:
+            register(object)
+
+    manager.register(Bad())
+    with pytest.raises(TypeError, match="takes a Connector subclass"):
+        registry.connectors(manager)
+
+
+# -- part ids -------------------------------------------------------------------------------
+
+
+def test_part_id_is_stable_across_order_and_case() -> None:
+    a = registry.part_id("map", {"path": "/data/m.sqlite", "map": "events", "partitions": "4"})
+    b = registry.part_id("map", {"Partitions": "4", "MAP": "events", "Path": "/data/m.sqlite"})
+    assert a == b
+    assert a.startswith("map-")
+    assert len(a) == len("map-") + 10
+    assert all(c in "0123456789abcdef" for c in a[4:])
+
+
+def test_part_id_ignores_epochal_options() -> None:
+    plain = registry.part_id("map", {"map": "events"})
+    with_runtime = registry.part_id(
+        "map", {"map": "events", "epochal.job": "j", "Epochal.SnapshotDir": "/tmp/x"}
+    )
+    assert plain == with_runtime
+
+
+def test_part_id_differs_for_different_options() -> None:
+    ids = {
+        registry.part_id("map", {"map": "events"}),
+        registry.part_id("map", {"map": "orders"}),
+        registry.part_id("map", {"map": "Events"}),  # values keep their case
+        registry.part_id("map", {"map": "events", "partitions": "2"}),
+        registry.part_id("kafka", {"map": "events"}),
+    }
+    assert len(ids) == 5
+
+
+def test_explicit_part_id_wins() -> None:
+    assert registry.part_id("map", {"map": "events", "epochal.id": "totals"}) == "totals"
+    assert registry.part_id("map", {"map": "other", "EPOCHAL.ID": "totals"}) == "totals"
+    # an empty id is no id
+    assert registry.part_id("map", {"map": "events", "epochal.id": ""}).startswith("map-")
+
+
+def test_blank_items_in_extra_plugins_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker, ")
+    registry.plugin_manager.cache_clear()
+    assert list(registry.connectors()) == ["map", "testqueue"]
+
+
+def test_an_extra_plugin_that_is_also_installed_is_loaded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal_map.plugin")
+    registry.plugin_manager.cache_clear()
+    assert registry.connectors() == {"map": MapConnector}
