@@ -31,11 +31,10 @@ from epochal.context import (
     ENV_RUN,
 )
 from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, classify
-from epochal.jobs import JobDirectory, JobRecord
+from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord
 
 log = logging.getLogger("epochal.driver")
 
-PROGRESS_PREFIX = "epochal-progress "
 
 
 class QuorumNotMetError(Exception):

@@ -28,6 +28,8 @@ from epochal_sdk import EpochalError, SnapshotError
 JOB_RECORD = "job.json"
 LEASE_RECORD = "lease.json"
 LEASE_TTL = 20.0
+PROGRESS_PREFIX = "epochal-progress "
+"""Lines a driver prints to report a batch; the supervisor reads them."""
 
 
 class JobStatus(enum.StrEnum):

@@ -21,9 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.config import JobConfig
-from epochal.driver import PROGRESS_PREFIX
 from epochal.failures import EXIT_DONE, EXIT_RESTARTABLE
-from epochal.jobs import JobDirectory, JobError, JobRecord, JobStatus, new_owner
+from epochal.jobs import (
+    PROGRESS_PREFIX,
+    JobDirectory,
+    JobError,
+    JobRecord,
+    JobStatus,
+    new_owner,
+)
 from epochal.verify import verify_job
 
 Reporter = Callable[[str], None]

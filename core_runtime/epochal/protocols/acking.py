@@ -131,10 +131,11 @@ class AckProtocol:
         if self.state.last_stored > start_seq:
             return start_seq + 1  # left over from a run that crashed before planning it
         kept: list[Message] = []
-        for message in self.source.receive(max_messages, timeout):
-            if self._is_duplicate(message):
-                continue
-            kept.append(message)
+        while not kept:  # redeliveries alone are not "no new data": receive again
+            received = self.source.receive(max_messages, timeout)
+            if not received:
+                break
+            kept = [m for m in received if not self._is_duplicate(m)]
         if not kept:
             return start_seq
         seq = start_seq + 1

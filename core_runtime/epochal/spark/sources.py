@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -167,7 +169,12 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Trigger.AvailableNow: read until a receive comes back empty."""
 
     def initialOffset(self) -> dict:
-        return {"seq": 0}
+        return self._offset(0)
+
+    def _offset(self, seq: int) -> dict:
+        """``{"seq": n, "source": <part id>}``: the source id makes the offset recognisable in
+        Spark's offset log (see :meth:`stop`)."""
+        return {"seq": seq, "source": self.part.part_id}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self._options()[0])
@@ -178,13 +185,13 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_messages = limit.max_rows
         begin = int(start["seq"])
         if self.exactly_once:
-            return {"seq": self.protocol.next_batch(begin, max_messages, timeout)}
+            return self._offset(self.protocol.next_batch(begin, max_messages, timeout))
         messages = self.source.receive(max_messages, timeout)
         if not messages:
-            return {"seq": begin}
+            return self._offset(begin)
         self._last_seq = max(self._last_seq, begin) + 1
         self._memory[self._last_seq] = messages
-        return {"seq": self._last_seq}
+        return self._offset(self._last_seq)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         seqs = range(int(start["seq"]) + 1, int(end["seq"]) + 1)
@@ -216,10 +223,50 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.exactly_once:
             self.protocol.commit(seq)
             return
-        done = [s for s in self._memory if s <= seq]
-        for s in sorted(done):
+        done = sorted(s for s in self._memory if s <= seq)
+        self.part.context.reach("ack_source.before_ack", seq)
+        for s in done:
             self.source.acknowledge([m.id for m in self._memory.pop(s)])
+        if done:
+            self.part.context.reach("ack_source.after_ack", seq)
 
     def stop(self) -> None:
-        if self._source is not None:
-            self._source.close()
+        """Spark commits a source's batch N only when it plans batch N+1 (or restarts), so
+        the last batch of a query that stops would stay unacknowledged until the next start.
+        On stop, acknowledge up to this source's offset in the newest batch of Spark's commit
+        log (its snapshot is complete), then close."""
+        try:
+            if self._source is not None:
+                committed = committed_offset(self.part)
+                if committed is not None:
+                    self.commit(committed)
+        finally:
+            if self._source is not None:
+                self._source.close()
+
+
+def committed_offset(part: Part) -> dict | None:
+    """This acknowledging source's offset in the newest batch of Spark's commit log, read from
+    the job's checkpoint (None when unknown: no job directory, nothing committed)."""
+    if not part.context.job_dir or "://" in part.context.job_dir:
+        return None
+    checkpoint = f"{part.context.job_dir}/checkpoint"
+    try:
+        batches = [int(n) for n in os.listdir(f"{checkpoint}/commits") if n.isdigit()]
+    except FileNotFoundError:
+        return None
+    if not batches:
+        return None
+    try:
+        with open(f"{checkpoint}/offsets/{max(batches)}") as fh:
+            lines = fh.read().splitlines()[2:]
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(offset, dict) and offset.get("source") == part.part_id:
+            return offset
+    return None

@@ -31,9 +31,16 @@ from epochal_sdk import Guarantee
 LOCAL = "local[2]"
 CLUSTER = "local-cluster[2,1,1024]"
 
+_REPLAYABLE_POINTS = ("source.after_plan", "source.after_read", "source.after_commit")
 SOURCE_POINTS = {
-    "replayable": ("source.after_plan", "source.after_read", "source.after_commit"),
-    "acknowledging": ("ack_source.after_store", "ack_source.before_ack", "ack_source.after_ack"),
+    ("replayable", Guarantee.EXACTLY_ONCE): _REPLAYABLE_POINTS,
+    ("replayable", Guarantee.AT_LEAST_ONCE): _REPLAYABLE_POINTS,
+    ("acknowledging", Guarantee.EXACTLY_ONCE): (
+        "ack_source.after_store",
+        "ack_source.before_ack",
+        "ack_source.after_ack",
+    ),
+    ("acknowledging", Guarantee.AT_LEAST_ONCE): ("ack_source.before_ack", "ack_source.after_ack"),
 }
 SINK_POINTS = {
     ("transactional", Guarantee.EXACTLY_ONCE): (
@@ -59,7 +66,11 @@ SINK_POINTS = {
         "sink.after_commit",
     ),
 }
-BATCHLESS = {"source.after_plan", "source.after_commit", *SOURCE_POINTS["acknowledging"]}
+BATCHLESS = {
+    "source.after_plan",
+    "source.after_commit",
+    *SOURCE_POINTS[("acknowledging", Guarantee.EXACTLY_ONCE)],
+}
 
 
 class SourceUnderTest(ABC):
@@ -76,6 +87,11 @@ class SourceUnderTest(ABC):
     @abstractmethod
     def produce(self, ids: Sequence[int]) -> None:
         """Put records with these IDs into the source (before the job starts)."""
+
+    def unsettled(self) -> list[str]:
+        """What the source system still holds that the job should have settled (e.g.
+        unacknowledged messages); must be empty at the end."""
+        return []
 
 
 class SinkUnderTest(ABC):
@@ -151,6 +167,9 @@ class ConformanceSuite:
     guarantees: ClassVar[tuple[Guarantee, ...]] = (Guarantee.EXACTLY_ONCE, Guarantee.AT_LEAST_ONCE)
     records: ClassVar[int] = 400
     records_per_batch: ClassVar[int] = 100
+    scope: ClassVar[str] = "all"
+    """Which crash points to run: ``all``, ``source`` (the source's and the job's) or ``sink``
+    (the sink's and the job's); a connector with only a source or a sink narrows it."""
 
     @classmethod
     def cases(cls) -> list[Case]:
@@ -158,8 +177,11 @@ class ConformanceSuite:
         out = []
         for guarantee in cls.guarantees:
             for mode in cls.sink_modes:
-                points = list(SOURCE_POINTS[cls.source_contract])
-                points += SINK_POINTS[(mode, guarantee)]
+                points = []
+                if cls.scope in ("all", "source"):
+                    points += SOURCE_POINTS[(cls.source_contract, guarantee)]
+                if cls.scope in ("all", "sink"):
+                    points += SINK_POINTS[(mode, guarantee)]
                 points.append("job.after_batch")
                 for point in points:
                     batch = None if point in BATCHLESS else 1
@@ -194,6 +216,8 @@ class ConformanceSuite:
             assert not outcome.duplicated, f"duplicates under exactly-once: {outcome}"
         leftovers = epochal_sink.in_doubt()
         assert not leftovers, f"in-doubt transactions left behind: {leftovers}"
+        unsettled = epochal_source.unsettled()
+        assert not unsettled, f"the source was left unsettled: {unsettled}"
 
 
 def run_case(

@@ -1,0 +1,216 @@
+"""Download cache for the servers' binaries: Kafka jars and the Artemis distribution.
+
+Both come from Maven Central through ``mvn`` (its local repository lives inside the cache
+directory too). The cache directory is ``$EPOCHAL_CACHE_DIR`` or
+``~/.cache/epochal-integration``; an entry is complete once its ``.complete`` marker exists,
+so a second run does no network work. A file lock serialises concurrent fetches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._process import HarnessError, PrerequisiteError, run_checked
+
+#: Newest Kafka 4.x whose artifacts (including kafka-tools-api) all resolve from Central.
+KAFKA_VERSION = "4.3.1"
+#: Newest Artemis release with a ``bin`` distribution on Central (group org.apache.artemis).
+ARTEMIS_VERSION = "2.56.0"
+LOG4J_VERSION = "2.24.3"
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+ARTEMIS_GROUPS = ("org.apache.artemis", "org.apache.activemq")
+MAVEN_TIMEOUT = 1200.0
+
+_KAFKA_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>epochal.integration</groupId>
+  <artifactId>kafka-broker-classpath</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>{log4j}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId>
+      <version>{log4j}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def kafka_version() -> str:
+    """The Kafka version to run (``$EPOCHAL_KAFKA_VERSION`` or :data:`KAFKA_VERSION`)."""
+    return os.environ.get("EPOCHAL_KAFKA_VERSION", KAFKA_VERSION)
+
+
+def artemis_version() -> str:
+    """The Artemis version to run (``$EPOCHAL_ARTEMIS_VERSION`` or :data:`ARTEMIS_VERSION`)."""
+    return os.environ.get("EPOCHAL_ARTEMIS_VERSION", ARTEMIS_VERSION)
+
+
+def cache_dir() -> Path:
+    """The cache directory (created if missing)."""
+    default = Path.home() / ".cache" / "epochal-integration"
+    path = Path(os.environ.get("EPOCHAL_CACHE_DIR", str(default))).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def require_tool(name: str, install_hint: str) -> str:
+    """Return the path of executable ``name`` or raise :class:`PrerequisiteError`."""
+    found = shutil.which(name)
+    if found is None:
+        raise PrerequisiteError(f"'{name}' not found on PATH: install {install_hint}")
+    return found
+
+
+def require_java() -> str:
+    """The ``java`` executable (JDK/JRE 17 or newer is needed by Kafka 4 and Artemis)."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    return require_tool(
+        "java", "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
+    )
+
+
+def require_maven() -> str:
+    """The ``mvn`` executable, used to fetch jars from Maven Central."""
+    return require_tool("mvn", "Apache Maven (Debian: apt-get install maven)")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock file next to a cache entry while it is being built."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _mvn(args: list[str], what: str, cwd: Path) -> None:
+    mvn = require_maven()
+    repo = cache_dir() / "m2"
+    cmd = [mvn, "-B", "-q", "-Dstyle.color=never", f"-Dmaven.repo.local={repo}", *args]
+    try:
+        run_checked(cmd, what, timeout=MAVEN_TIMEOUT, cwd=cwd)
+    except PrerequisiteError:
+        raise
+    except HarnessError as exc:
+        reasons = [line for line in str(exc).splitlines() if "Failed to execute" in line]
+        detail = "\n".join(reasons).replace("\x1b[0m", "") or str(exc)
+        raise PrerequisiteError(
+            f"{what}: Maven could not fetch it from Maven Central (network down? version "
+            f"not published?): {' '.join(cmd)}\n{detail}"
+        ) from None
+
+
+def kafka_classpath(version: str | None = None) -> Path:
+    """Directory holding the Kafka broker's jars (fetched with Maven on first use)."""
+    version = version or kafka_version()
+    entry = cache_dir() / f"kafka-{version}"
+    libs = entry / "libs"
+    marker = entry / ".complete"
+    if marker.exists():
+        return libs
+    require_java()
+    with _locked(entry):
+        if marker.exists():
+            return libs
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(parents=True)
+        (entry / "pom.xml").write_text(_KAFKA_POM.format(kafka=version, log4j=LOG4J_VERSION))
+        _mvn(
+            [
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                f"-DoutputDirectory={libs}",
+                "-DincludeScope=runtime",
+            ],
+            f"fetching Kafka {version} jars",
+            entry,
+        )
+        if not any(libs.glob("kafka_2.13-*.jar")):
+            raise PrerequisiteError(f"Kafka {version}: no kafka_2.13 jar was fetched into {libs}")
+        marker.write_text(version + "\n")
+    return libs
+
+
+def artemis_home(version: str | None = None) -> Path:
+    """The unpacked Artemis distribution (``bin/artemis`` inside), fetched on first use."""
+    version = version or artemis_version()
+    entry = cache_dir() / f"artemis-{version}"
+    home = entry / f"apache-artemis-{version}"
+    marker = entry / ".complete"
+    if marker.exists():
+        return home
+    require_java()
+    with _locked(entry):
+        if marker.exists():
+            return home
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(parents=True)
+        archive = _fetch_artemis_archive(version, entry)
+        _extract(archive, entry)
+        archive.unlink()
+        if not (home / "bin" / "artemis").exists():
+            raise PrerequisiteError(f"Artemis {version}: {home}/bin/artemis missing after unpack")
+        marker.write_text(version + "\n")
+    return home
+
+
+def _fetch_artemis_archive(version: str, entry: Path) -> Path:
+    errors: list[str] = []
+    for group in ARTEMIS_GROUPS:
+        try:
+            _mvn(
+                [
+                    f"{DEPENDENCY_PLUGIN}:copy",
+                    f"-Dartifact={group}:apache-artemis:{version}:tar.gz:bin",
+                    f"-DoutputDirectory={entry}",
+                ],
+                f"fetching Artemis {version} ({group})",
+                entry,
+            )
+        except PrerequisiteError as exc:
+            errors.append(str(exc)[-600:])
+            continue
+        return entry / f"apache-artemis-{version}-bin.tar.gz"
+    raise PrerequisiteError(
+        f"could not fetch the Artemis {version} distribution:\n" + "\n".join(errors)
+    )
+
+
+def _extract(archive: Path, dest: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=dest) as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="tar")
+        for child in Path(tmp).iterdir():
+            child.rename(dest / child.name)
+    for script in (dest).glob("apache-artemis-*/bin/*"):
+        script.chmod(script.stat().st_mode | 0o755)
+
+
+def prefetch(kafka: bool = True, artemis: bool = True) -> dict[str, Path]:
+    """Fetch everything the local servers need into the cache; return what is where."""
+    fetched: dict[str, Path] = {}
+    if kafka:
+        fetched[f"kafka {kafka_version()}"] = kafka_classpath()
+    if artemis:
+        fetched[f"artemis {artemis_version()}"] = artemis_home()
+    return fetched
