@@ -36,7 +36,6 @@ from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord
 log = logging.getLogger("epochal.driver")
 
 
-
 class QuorumNotMetError(Exception):
     """Fewer executors than the split-brain quorum; retry later."""
 
