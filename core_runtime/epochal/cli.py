@@ -24,6 +24,8 @@ def _connectors(args: argparse.Namespace) -> int:
     if not found:
         print("no connectors installed (pip install epochal-map, epochal-kafka, ...)")
         return 0
+    for name, problem in registry.BROKEN.items():
+        print(f"{name}  (BROKEN: failed to load: {problem})")
     for name, cls in found.items():
         info = _describe(cls)
         print(f"{name}  ({info['module']})")
@@ -156,7 +158,13 @@ def _jobs(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run
 
-    return run(events=args.events, faults=args.faults, directory=args.dir, keep=args.keep)
+    return run(
+        events=args.events,
+        faults=args.faults,
+        directory=args.dir,
+        keep=args.keep,
+        deadline=args.deadline,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -200,6 +208,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", default=None)
     p.add_argument("--dir", default=None, help="keep the demo's files here")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--deadline", type=float, default=170.0, help="seconds before giving up")
     p.set_defaults(func=_demo)
     return top
 

@@ -265,10 +265,12 @@ def _summary(text: str) -> str:
         r"(\b\w+(?:Error|Exception): [^\n]+)",
         r"(SparkException: [^\n]+)",
     )
+    step = re.search(r"epochal step: ([^\n]+)", text)
+    where = f" [{step.group(1)}]" if step else ""
     for pattern in patterns:
         found = re.findall(pattern, text)
         if found:
-            return found[0][:2000]
+            return found[0][:2000] + where
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:2000] if lines else "unknown failure"
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -18,7 +20,12 @@ import pluggy
 from epochal_sdk import ConfigError, Connector
 from epochal_sdk import hookspecs as specs
 
+log = logging.getLogger("epochal.registry")
+
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+BROKEN: dict[str, str] = {}
+"""Installed plugins that failed to load, by entry point name, with the error."""
 
 EXTRA_PLUGINS_ENV = "EPOCHAL_PLUGINS"
 """Comma-separated modules to load as plugins besides the installed entry points (for local
@@ -30,7 +37,17 @@ def plugin_manager() -> pluggy.PluginManager:
     """The plugin manager with every installed plugin loaded."""
     manager = pluggy.PluginManager(specs.PROJECT)
     manager.add_hookspecs(specs)
-    manager.load_setuptools_entrypoints(specs.ENTRY_POINT_GROUP)
+    BROKEN.clear()
+    for entry_point in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP):
+        if manager.get_plugin(entry_point.name) is not None:
+            continue
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:  # one broken package must not take the others down
+            BROKEN[entry_point.name] = f"{entry_point.value}: {type(exc).__name__}: {exc}"
+            log.warning("epochal plugin %r failed to load: %s", entry_point.name, exc)
+            continue
+        manager.register(plugin, name=entry_point.name)
     extra = (name.strip() for name in os.environ.get(EXTRA_PLUGINS_ENV, "").split(","))
     for module_name in filter(None, extra):
         module = importlib.import_module(module_name)
@@ -71,6 +88,13 @@ def connectors(manager: pluggy.PluginManager | None = None) -> dict[str, type[Co
 def connector(name: str) -> Connector:
     """An instance of the connector ``name``; a clear error naming the installed ones."""
     available = connectors()
+    if name not in available and name in BROKEN:
+        raise ConfigError(
+            "epochal",
+            "format",
+            f"the connector package {name!r} is installed but failed to load ({BROKEN[name]})",
+            f"Reinstall it (pip install --force-reinstall epochal-{name}) or fix the error",
+        )
     if name not in available:
         installed = ", ".join(available) or "none"
         raise ConfigError(

@@ -41,6 +41,7 @@ from epochal_sdk.sources import (
     Message,
     Offsets,
     ReplayableSource,
+    Rows,
     Source,
     Split,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Prepared",
     "ReplayableSource",
     "RestartableError",
+    "Rows",
     "Schema",
     "SchemaMismatchError",
     "Sink",

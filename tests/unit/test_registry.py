@@ -39,7 +39,8 @@ def test_unknown_connector_names_the_installed_ones() -> None:
         registry.connector("kafak")
     message = str(info.value)
     assert info.value.option == "format"
-    assert "no connector named 'kafak' is installed (installed: map)" in message
+    assert "no connector named 'kafak' is installed (installed: " in message
+    assert "map" in message.split("installed: ")[1]
     assert "pip install epochal-kafak" in message
 
 
@@ -47,7 +48,7 @@ def test_extra_plugins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker")
     registry.plugin_manager.cache_clear()
     found = registry.connectors()
-    assert list(found) == ["map", "testqueue"]
+    assert {"map", "testqueue"} <= set(found)
     assert found["testqueue"] is broker.TestQueueConnector
     assert registry.connector("testqueue").name == "testqueue"
 
@@ -55,7 +56,7 @@ def test_extra_plugins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_several_extra_plugins_with_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker, epochal_unit_extra")
     registry.plugin_manager.cache_clear()
-    assert list(registry.connectors()) == ["map", "testqueue", "unitextra"]
+    assert {"map", "testqueue", "unitextra"} <= set(registry.connectors())
 
 
 def test_the_plugin_manager_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +151,7 @@ def test_explicit_part_id_wins() -> None:
 def test_blank_items_in_extra_plugins_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker, ")
     registry.plugin_manager.cache_clear()
-    assert list(registry.connectors()) == ["map", "testqueue"]
+    assert {"map", "testqueue"} <= set(registry.connectors())
 
 
 def test_an_extra_plugin_that_is_also_installed_is_loaded_once(
@@ -158,4 +159,5 @@ def test_an_extra_plugin_that_is_also_installed_is_loaded_once(
 ) -> None:
     monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal_map.plugin")
     registry.plugin_manager.cache_clear()
-    assert registry.connectors() == {"map": MapConnector}
+    assert registry.connectors()["map"] is MapConnector
+    assert "testqueue" not in registry.connectors()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +74,20 @@ class Part:
             f"parts/{kind}-{self.part_id}",
             {"kind": kind, "connector": self.connector, "guarantee": self.guarantee.label, **extra},
         )
+
+
+STEP_NOTE = "epochal step:"
+
+
+@contextlib.contextmanager
+def protocol_step(part: Part, batch: int | None, step: str) -> Iterator[None]:
+    """Name the job, the part, the batch and the step on any error raised inside (as an
+    exception note, which survives the trip through Spark's JVM in the traceback text)."""
+    try:
+        yield
+    except BaseException as exc:
+        if not any(str(n).startswith(STEP_NOTE) for n in getattr(exc, "__notes__", ())):
+            exc.add_note(
+                f"{STEP_NOTE} job {part.context.job!r}, {part.label}, batch {batch}, step {step}"
+            )
+        raise

@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from epochal.protocols import keys
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.spark.common import Part
+from epochal.spark.common import Part, protocol_step
 from epochal_sdk import (
     Guarantee,
     IdempotentSink,
@@ -80,6 +80,10 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         task = _task(self.part, self.schema)
+        with protocol_step(self.part, task.batch_id, f"task {task.partition} write+prepare"):
+            return self._write(task, iterator)
+
+    def _write(self, task: TaskContext, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         sink: TransactionalSink = self.part.build_sink()
         try:
             exactly_once = self.part.guarantee == Guarantee.EXACTLY_ONCE
@@ -110,6 +114,10 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             sink.close()
 
     def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
+        with protocol_step(self.part, batchId, "decide + phase-2 commit"):
+            self._commit(messages, batchId)
+
+    def _commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
         sink: TransactionalSink = self.part.build_sink()
         try:
             protocol = two_phase(self.part, sink)
@@ -143,6 +151,10 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         task = _task(self.part, self.schema)
+        with protocol_step(self.part, task.batch_id, f"task {task.partition} upsert+flush"):
+            return self._write(task, iterator)
+
+    def _write(self, task: TaskContext, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         sink: IdempotentSink = self.part.build_sink()
         digest = keys.KeyDigest()
         key_columns = sink.key_columns()

@@ -22,7 +22,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from epochal.protocols.acking import AckProtocol, encode_batch
-from epochal.spark.common import Part, task_batch_id
+from epochal.spark.common import Part, protocol_step, task_batch_id
 from epochal_sdk import AcknowledgingSource, Guarantee, Message, ReplayableSource, Split
 
 log = logging.getLogger("epochal.source")
@@ -68,6 +68,10 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        with protocol_step(self.part, None, "plan the next batch (latest offsets)"):
+            return self._latest(start, limit)
+
+    def _latest(self, start: dict, limit: ReadLimit) -> dict:
         partitions = list(self._until) if self._until is not None else self.source.partitions()
         new = [p for p in partitions if p not in start]
         begin = {**start, **(self.source.initial_offsets(new) if new else {})}
@@ -86,9 +90,11 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [SplitPartition(s) for s in self.source.splits(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        split = partition.split  # type: ignore[attr-defined]
         source = self.part.build_source()
         try:
-            yield from source.read(partition.split)  # type: ignore[attr-defined]
+            with protocol_step(self.part, task_batch_id(), f"read partition {split.partition}"):
+                yield from source.read(split)
         finally:
             source.close()
         self.part.context.reach("source.after_read", task_batch_id())
@@ -184,14 +190,30 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             max_messages = limit.max_rows
         begin = int(start["seq"])
+        self._settle(begin)
         if self.exactly_once:
-            return self._offset(self.protocol.next_batch(begin, max_messages, timeout))
+            with protocol_step(self.part, None, f"receive + store batch {begin + 1}"):
+                return self._offset(self.protocol.next_batch(begin, max_messages, timeout))
         messages = self.source.receive(max_messages, timeout)
         if not messages:
             return self._offset(begin)
         self._last_seq = max(self._last_seq, begin) + 1
         self._memory[self._last_seq] = messages
         return self._offset(self._last_seq)
+
+    def _settle(self, begin: int) -> None:
+        """Acknowledge the batch that ends at ``begin`` if Spark's commit log has it.
+
+        Spark commits a source's batch N only when it plans batch N+1 with new data, so the
+        last batch before a quiet period (or the end of an available-now run, or a stop)
+        would stay unacknowledged. ``latestOffset(start)`` is only called once the batch
+        ending at ``start`` is committed; this checks it against the commit log itself.
+        """
+        if begin <= 0:
+            return
+        committed = committed_offset(self.part)
+        if committed is not None and int(committed["seq"]) >= begin:
+            self.commit(self._offset(begin))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         seqs = range(int(start["seq"]) + 1, int(end["seq"]) + 1)
@@ -219,6 +241,10 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield batch.drop_columns([ID_COLUMN])
 
     def commit(self, end: dict) -> None:
+        with protocol_step(self.part, None, f"acknowledge up to stored batch {end['seq']}"):
+            self._commit(end)
+
+    def _commit(self, end: dict) -> None:
         seq = int(end["seq"])
         if self.exactly_once:
             self.protocol.commit(seq)
@@ -231,18 +257,8 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.part.context.reach("ack_source.after_ack", seq)
 
     def stop(self) -> None:
-        """Spark commits a source's batch N only when it plans batch N+1 (or restarts), so
-        the last batch of a query that stops would stay unacknowledged until the next start.
-        On stop, acknowledge up to this source's offset in the newest batch of Spark's commit
-        log (its snapshot is complete), then close."""
-        try:
-            if self._source is not None:
-                committed = committed_offset(self.part)
-                if committed is not None:
-                    self.commit(committed)
-        finally:
-            if self._source is not None:
-                self._source.close()
+        if self._source is not None:
+            self._source.close()
 
 
 def committed_offset(part: Part) -> dict | None:
