@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
 import subprocess
 import sys
 
-PACKAGES = ["sdk", "core_runtime", "connectors/map"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ["sdk", "core_runtime"] + sorted(
+    os.path.relpath(os.path.dirname(p), ROOT)
+    for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
+)
 DEV = ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"]
 
 
 def _installed() -> bool:
-    wanted = ("epochal_sdk", "epochal", "epochal_map", "pytest", "pytest_timeout", "pyspark")
-    return all(importlib.util.find_spec(name) for name in wanted)
+    connectors = [f"epochal_{os.path.basename(p)}" for p in PACKAGES if p.startswith("connectors")]
+    wanted = ("epochal_sdk", "epochal", "pytest", "pytest_timeout", "pyspark", *connectors)
+    for name in wanted:
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            return False
+        origin = spec.origin or ""
+        if name.startswith("epochal") and not origin.startswith(ROOT + os.sep):
+            return False  # installed from another checkout: reinstall from this one
+    return True
 
 
 def main() -> None:
@@ -21,7 +35,7 @@ def main() -> None:
         return
     args = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     for package in PACKAGES:
-        args += ["-e", package]
+        args += ["-e", os.path.join(ROOT, package)]
     subprocess.run([*args, *DEV], check=True)
     print("install: done")
 

@@ -36,6 +36,10 @@ from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord
 log = logging.getLogger("epochal.driver")
 
 
+QUORUM_WAIT_ENV = "EPOCHAL_QUORUM_WAIT_SECONDS"
+"""How long a restart waits for the split-brain quorum of executors (default 30 s)."""
+
+
 class QuorumNotMetError(Exception):
     """Fewer executors than the split-brain quorum; retry later."""
 
@@ -208,7 +212,7 @@ def run(snapshot_dir: str, name: str) -> int:
             current.status = current.status.__class__("RUNNING")
         if config.split_brain_protection:
             quorum = original // 2 + 1
-            count = wait_for_executors(spark, quorum, 30)
+            count = wait_for_executors(spark, quorum, float(os.environ.get(QUORUM_WAIT_ENV, "30")))
             if count < quorum:
                 raise QuorumNotMetError(
                     f"QuorumNotMet: job {name!r} first ran with {original} executors; a restart "
