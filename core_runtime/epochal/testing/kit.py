@@ -28,6 +28,15 @@ from epochal.jobs import JobRecord, JobStatus
 from epochal.testing.pipelines import SPEC_ENV
 from epochal_sdk import Guarantee
 
+_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
+TEST_SPARK_CONF = {
+    # Short-lived test drivers: C1 only and the serial GC start faster and use less CPU on a
+    # small machine; production jobs keep the JVM defaults.
+    "spark.driver.extraJavaOptions": _FAST_JVM,
+    "spark.executor.extraJavaOptions": _FAST_JVM,
+    "spark.sql.shuffle.partitions": "2",
+}
+
 LOCAL = "local[2]"
 CLUSTER = "local-cluster[2,1,1024]"
 
@@ -251,6 +260,7 @@ def run_case(
         faults=case.fault,
         restart_backoff=0.2,
         max_restarts=5,
+        spark_conf=dict(TEST_SPARK_CONF),
     )
     name = f"conformance-{uuid.uuid4().hex[:8]}"
     lines: list[str] = []
