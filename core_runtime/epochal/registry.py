@@ -50,7 +50,12 @@ def plugin_manager() -> pluggy.PluginManager:
         manager.register(plugin, name=entry_point.name)
     extra = (name.strip() for name in os.environ.get(EXTRA_PLUGINS_ENV, "").split(","))
     for module_name in filter(None, extra):
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            BROKEN[module_name] = f"{EXTRA_PLUGINS_ENV}: {type(exc).__name__}: {exc}"
+            log.warning("epochal plugin module %r failed to load: %s", module_name, exc)
+            continue
         if not manager.is_registered(module):
             manager.register(module)
     return manager
