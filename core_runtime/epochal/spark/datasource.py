@@ -97,18 +97,39 @@ class EpochalDataSource(DataSource):
                 options=self.options,
                 allow_downgrade=self.context.allow_downgrade,
             )
-            if _planning_worker():
-                _trace(f"planning {part.label}")
+            if _planning_worker() and _first_plan_of_run(part):
+                _trace(f"planning {part.label} (run {part.context.run})")
                 sink.check(fields)
                 part.record("sink", {"contract": mode})
                 if mode == "transactional":
                     report = two_phase(part, sink).recover()
                     _trace(f"{part.label}: recovery at query start: {report}")
+                _mark_planned(part)
         finally:
             sink.close()
         if mode == "transactional":
             return TransactionalWriter(part, fields)
         return IdempotentWriterAdapter(part, fields)
+
+
+def _planned_key(part: Part) -> str:
+    return f"sinks/{part.part_id}/planned/{part.context.run}"
+
+
+def _first_plan_of_run(part: Part) -> bool:
+    """PySpark plans the write again for every micro-batch; the sink check and the recovery
+    belong to the start of a run (before any task of it), so they run once per run."""
+    if not part.context.job_dir:
+        return True
+    return not part.context.store(part.connector).exists(_planned_key(part))
+
+
+def _mark_planned(part: Part) -> None:
+    if part.context.job_dir:
+        store = part.context.store(part.connector)
+        for old in store.list(f"sinks/{part.part_id}/planned"):
+            store.delete(old)
+        store.write_json(_planned_key(part), {"run": part.context.run})
 
 
 def _trace(message: str) -> None:

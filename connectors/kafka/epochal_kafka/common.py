@@ -1,0 +1,91 @@
+"""What the Kafka source and sink share: client configuration, broker checks, error mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from epochal_sdk import ConfigError, Options, RestartableError
+
+CONNECTOR = "kafka"
+CLIENT_PREFIX = "kafka."
+"""Options starting with ``kafka.`` go to librdkafka without the prefix (as in Spark's Kafka
+connector): ``kafka.bootstrap.servers``, ``kafka.security.protocol``, ..."""
+
+QUIET = {"log_level": 3}
+"""librdkafka logs errors only (its warnings about retried requests are noise here)."""
+
+
+def client_config(options: Options) -> dict[str, Any]:
+    """The librdkafka configuration from ``kafka.*`` options (``bootstrapServers`` is an alias
+    of ``kafka.bootstrap.servers``); a clear error when no broker address is given."""
+    config: dict[str, Any] = {
+        key[len(CLIENT_PREFIX) :]: value
+        for key, value in options.items()
+        if key.startswith(CLIENT_PREFIX)
+    }
+    alias = options.str("bootstrapServers", "").strip()
+    if alias and not config.get("bootstrap.servers"):
+        config["bootstrap.servers"] = alias
+    if not str(config.get("bootstrap.servers", "")).strip():
+        raise ConfigError(
+            CONNECTOR,
+            "kafka.bootstrap.servers",
+            "is required",
+            "Set .option('kafka.bootstrap.servers', 'host:9092[,host2:9092]').",
+        )
+    return {**QUIET, **config}
+
+
+def admin_client(config: dict[str, Any]) -> AdminClient:
+    """An admin client for ``config`` (librdkafka ignores consumer-only keys there)."""
+    return AdminClient(dict(config))
+
+
+def list_topics(admin: AdminClient, bootstrap: str, timeout: float, *, at_start: bool) -> Any:
+    """Cluster metadata. At start an unreachable cluster is a :class:`ConfigError` (check the
+    address); later it is a :class:`RestartableError` (the job restarts from its snapshot)."""
+    try:
+        return admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        message = (
+            f"kafka: no broker at {bootstrap!r} answered a metadata request within "
+            f"{timeout:g}s ({exc.args[0]})"
+        )
+        if at_start:
+            raise ConfigError(
+                CONNECTOR,
+                "kafka.bootstrap.servers",
+                message.removeprefix("kafka: "),
+                "Check the address and that the brokers are up (and security settings).",
+            ) from None
+        raise RestartableError(message) from None
+
+
+def kafka_error(exc: KafkaException) -> KafkaError:
+    """The :class:`KafkaError` inside a :class:`KafkaException`."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError):
+        return error
+    return KafkaError(KafkaError._FAIL, str(exc))
+
+
+def is_transient(error: KafkaError) -> bool:
+    """Whether an error is worth a restart (lost connection, timeout, leader change)."""
+    transient = {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.CONCURRENT_TRANSACTIONS,
+    }
+    return error.retriable() or error.code() in transient

@@ -1,0 +1,510 @@
+"""A replayable source over Kafka topics: one partition id per ``topic:partition``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from epochal_kafka.common import (
+    CONNECTOR,
+    admin_client,
+    client_config,
+    is_transient,
+    kafka_error,
+    list_topics,
+)
+from epochal_sdk import (
+    ConfigError,
+    Guarantee,
+    Offsets,
+    Options,
+    ReplayableSource,
+    RestartableError,
+    SnapshotError,
+    Split,
+)
+
+log = logging.getLogger("epochal.kafka.source")
+
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+        ("headers", HEADER_TYPE),
+    ]
+)
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset bigint, "
+    "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
+)
+CHUNK_ROWS = 20_000
+"""Rows per Arrow record batch a task yields."""
+
+EARLIEST, LATEST = -2, -1
+
+
+def partition_id(topic: str, partition: int) -> str:
+    """``topic:partition`` (``:`` never occurs in a topic name)."""
+    return f"{topic}:{partition}"
+
+
+def parse_partition_id(pid: str) -> tuple[str, int]:
+    """``(topic, partition)`` of a partition id."""
+    topic, _, number = pid.rpartition(":")
+    return topic, int(number)
+
+
+class DataLossError(SnapshotError):
+    """Offsets a batch must read are gone (retention, a deleted or recreated topic)."""
+
+
+class KafkaSource(ReplayableSource):
+    """Reads Kafka topics; offsets (the next offset per ``topic:partition``) live in the
+    snapshot, and a batch re-reads exactly its range ``[start, end)``.
+
+    Options: ``kafka.bootstrap.servers`` (required; every ``kafka.*`` option goes to
+    librdkafka), ``subscribe`` (comma-separated topics) or ``subscribePattern`` (a regular
+    expression over topic names), ``startingOffsets`` (``earliest``, ``latest`` or JSON
+    ``{"topic": {"0": 42, "1": -2}}``, -2 earliest, -1 latest), ``startingTimestamp`` (ms since
+    the epoch, for every partition), ``maxRecordsPerBatch`` (alias ``maxOffsetsPerTrigger``),
+    ``minPartitions`` (split large ranges into more Spark tasks), ``failOnDataLoss`` (default
+    true), ``readTimeoutMs`` (a task that makes no progress this long fails restartably,
+    default 120000), ``metadataTimeoutMs`` (default 30000).
+
+    The isolation level is ``read_committed`` unless ``kafka.isolation.level`` says otherwise:
+    "end" offsets are then last stable offsets and a range may hold fewer records than
+    ``end - start`` (aborted records and transaction markers are skipped).
+    """
+
+    MAX_GUARANTEE: ClassVar[Guarantee] = Guarantee.EXACTLY_ONCE
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        config = client_config(options)
+        config.setdefault("isolation.level", "read_committed")
+        self.config = config
+        self.bootstrap = str(config["bootstrap.servers"])
+        self.read_committed = str(config["isolation.level"]).lower() == "read_committed"
+        topics = [t.strip() for t in options.str("subscribe", "").split(",") if t.strip()]
+        pattern = options.str("subscribePattern", "").strip()
+        if bool(topics) == bool(pattern):
+            raise ConfigError(
+                CONNECTOR,
+                "subscribe",
+                "give exactly one of 'subscribe' and 'subscribePattern'",
+                "Set .option('subscribe', 'topic1,topic2') or "
+                ".option('subscribePattern', 'orders-.*').",
+            )
+        self.topics = topics
+        try:
+            self.pattern = re.compile(pattern) if pattern else None
+        except re.error as exc:
+            raise ConfigError(
+                CONNECTOR,
+                "subscribePattern",
+                f"{pattern!r} is not a regular expression: {exc}",
+                "Give a Python regular expression matched against whole topic names.",
+            ) from None
+        self.starting = self._parse_starting(options)
+        self.fail_on_data_loss = options.bool("failOnDataLoss", True)
+        self.min_partitions = options.int("minPartitions", None, minimum=1)
+        self.read_timeout = (options.int("readTimeoutMs", 120_000, minimum=1) or 120_000) / 1e3
+        self.metadata_timeout = (
+            options.int("metadataTimeoutMs", 30_000, minimum=1) or 30_000
+        ) / 1e3
+        self.max_records_per_batch()
+        self._admin: Any = None
+
+    @staticmethod
+    def _parse_starting(options: Options) -> Any:
+        timestamp = options.int("startingTimestamp", None, minimum=0)
+        raw = options.str("startingOffsets", "").strip()
+        if timestamp is not None and raw:
+            raise ConfigError(
+                CONNECTOR,
+                "startingTimestamp",
+                "is given together with 'startingOffsets'",
+                "Give only one of them.",
+            )
+        if timestamp is not None:
+            return ("timestamp", timestamp)
+        if raw.lower() in ("", "earliest", "latest"):
+            return raw.lower() or "earliest"
+        try:
+            spec = json.loads(raw)
+            parsed = {
+                str(topic): {int(p): int(o) for p, o in parts.items()}
+                for topic, parts in spec.items()
+            }
+        except (ValueError, AttributeError, TypeError):
+            raise ConfigError(
+                CONNECTOR,
+                "startingOffsets",
+                f"{raw!r} is not earliest, latest or JSON offsets",
+                'Use earliest, latest or {"topic": {"0": 42, "1": -2}} (-2 = earliest, '
+                "-1 = latest).",
+            ) from None
+        return parsed
+
+    # -- metadata -------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> Any:
+        """The admin client (driver side), created on first use."""
+        if self._admin is None:
+            self._admin = admin_client(self.config)
+        return self._admin
+
+    def schema(self) -> str:
+        """Kafka records: key and value as binary, headers as an array of (key, value)."""
+        return SCHEMA
+
+    def max_records_per_batch(self) -> int | None:
+        """``maxRecordsPerBatch`` (or Spark's name ``maxOffsetsPerTrigger``)."""
+        return self.options.int("maxRecordsPerBatch", None, minimum=1) or self.options.int(
+            "maxOffsetsPerTrigger", None, minimum=1
+        )
+
+    def _metadata(self, at_start: bool = False) -> dict[str, int]:
+        """Partition count of every subscribed topic that exists now."""
+        metadata = list_topics(self.admin, self.bootstrap, self.metadata_timeout, at_start=at_start)
+        found = {}
+        for name, topic in metadata.topics.items():
+            if topic.error is not None or not topic.partitions:
+                continue
+            wanted = (
+                name in self.topics
+                if self.pattern is None
+                else (not name.startswith("__") and self.pattern.fullmatch(name) is not None)
+            )
+            if wanted:
+                found[name] = len(topic.partitions)
+        return found
+
+    def check(self) -> None:
+        """Fail on bad options, an unreachable cluster or a subscribed topic that is missing."""
+        found = self._metadata(at_start=True)
+        missing = [t for t in self.topics if t not in found]
+        if missing:
+            raise ConfigError(
+                CONNECTOR,
+                "subscribe",
+                f"topic(s) {missing} do not exist at {self.bootstrap}",
+                "Create them first or fix the names (or use 'subscribePattern' to pick up "
+                "topics created later).",
+            )
+        if self.pattern is not None and not found:
+            log.warning(
+                "kafka source: no topic matches %r yet; partitions are picked up when they appear",
+                self.pattern.pattern,
+            )
+
+    def partitions(self) -> list[str]:
+        """Every ``topic:partition`` of the subscribed topics."""
+        found = self._metadata()
+        return sorted(partition_id(t, p) for t, n in found.items() for p in range(n))
+
+    # -- offsets --------------------------------------------------------------------------
+
+    def _list_offsets(self, specs: dict[str, Any]) -> dict[str, int]:
+        """Offsets by partition id for ``{pid: OffsetSpec}`` in one admin request."""
+        if not specs:
+            return {}
+        isolation = (
+            IsolationLevel.READ_COMMITTED
+            if self.read_committed
+            else IsolationLevel.READ_UNCOMMITTED
+        )
+        request = {TopicPartition(*parse_partition_id(p)): s for p, s in specs.items()}
+        try:
+            futures = self.admin.list_offsets(
+                request, isolation_level=isolation, request_timeout=self.metadata_timeout
+            )
+            return {
+                partition_id(tp.topic, tp.partition): future.result().offset
+                for tp, future in futures.items()
+            }
+        except KafkaException as exc:
+            raise RestartableError(
+                f"kafka source: listing offsets at {self.bootstrap} failed: {kafka_error(exc)}"
+            ) from None
+
+    def initial_offsets(self, partitions: Sequence[str]) -> Offsets:
+        """Where reading starts. ``startingOffsets``/``startingTimestamp`` apply to the
+        partitions of the job's first batch; a partition discovered later (a new topic or
+        partition) starts at its earliest offset, so none of its records is skipped."""
+        wanted = list(partitions)
+        at_job_start = set(wanted) >= set(self.partitions())
+        starting = self.starting if at_job_start else "earliest"
+        earliest = self._list_offsets({p: OffsetSpec.earliest() for p in wanted})
+        if starting == "earliest":
+            return earliest
+        latest = self.latest_offsets(wanted)
+        if starting == "latest":
+            return latest
+        if isinstance(starting, tuple):  # ("timestamp", ms)
+            found = self._list_offsets({p: OffsetSpec.for_timestamp(starting[1]) for p in wanted})
+            return {p: latest[p] if found[p] < 0 else max(found[p], earliest[p]) for p in wanted}
+        out = {}
+        for p in wanted:
+            topic, number = parse_partition_id(p)
+            given = starting.get(topic, {}).get(number, EARLIEST)
+            out[p] = earliest[p] if given == EARLIEST else latest[p] if given == LATEST else given
+        return out
+
+    def latest_offsets(self, partitions: Sequence[str]) -> Offsets:
+        """The end of each partition: the last stable offset under ``read_committed`` (every
+        record before it is decided, so the range is final), else the high watermark."""
+        return self._list_offsets({p: OffsetSpec.latest() for p in partitions})
+
+    def splits(self, start: Offsets, end: Offsets) -> list[Split]:
+        """One split per partition with data; more when ``minPartitions`` asks for them.
+        Partitions whose offsets moved backwards or vanished are data loss."""
+        current = set(self.partitions()) if set(start) else set()
+        for pid, offset in start.items():
+            if pid not in current:
+                self._data_loss(
+                    f"partition {pid} is gone (topic deleted?) with reading position {offset}",
+                    None,
+                )
+            elif pid in end and int(end[pid]) < int(offset):
+                self._data_loss(
+                    f"partition {pid} ends at {end[pid]}, before the reading position {offset} "
+                    "(topic recreated?)",
+                    None,
+                )
+        ranges = [
+            (p, int(start[p]), int(end[p]))
+            for p in sorted(end)
+            if p in start and p in current and int(end[p]) > int(start[p])
+        ]
+        if self.min_partitions and len(ranges) < self.min_partitions:
+            return _split_ranges(ranges, self.min_partitions)
+        return [Split(p, s, e) for p, s, e in ranges]
+
+    def _data_loss(self, what: str, lost: int | None) -> None:
+        count = "an unknown number of" if lost is None else str(lost)
+        if self.fail_on_data_loss:
+            raise DataLossError(
+                f"kafka source: {what}: {count} record(s) this job has not read are gone "
+                "(retention, a deleted or recreated topic). Set .option('failOnDataLoss', "
+                "'false') to skip them (they are counted in the log), or start a new job."
+            )
+        log.warning(
+            "kafka source: %s: skipping %s lost record(s) (failOnDataLoss=false)", what, count
+        )
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "group.id": "epochal-reader",
+                **self.config,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+            }
+        )
+
+    def read(self, split: Split) -> Iterator[pa.RecordBatch]:
+        """The records of ``[start, end)`` of one partition: assign at ``start`` and consume
+        until the position reaches ``end`` (control records and aborted records are skipped
+        by the client, so the position can jump over offsets)."""
+        topic, number = parse_partition_id(split.partition)
+        start, end = int(split.start), int(split.end)
+        consumer = self._consumer()
+        try:
+            start = self._first_offset(consumer, topic, number, start, end)
+            if start >= end:
+                return
+            yield from _consume(
+                consumer, topic, number, start, end, self.read_timeout, self._on_read_error
+            )
+        finally:
+            consumer.close()
+
+    def _first_offset(
+        self, consumer: Consumer, topic: str, number: int, start: int, end: int
+    ) -> int:
+        """``start``, or the log start offset when retention removed records before it."""
+        deadline = time.monotonic() + self.read_timeout
+        while True:
+            try:
+                low, _ = consumer.get_watermark_offsets(
+                    TopicPartition(topic, number), timeout=self.metadata_timeout, cached=False
+                )
+                break
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                gone = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
+                if error.code() in gone:
+                    self._data_loss(f"partition {topic}:{number} is gone", end - start)
+                    return end
+                if not is_transient(error) or time.monotonic() > deadline:
+                    raise RestartableError(
+                        f"kafka source: {topic}:{number}: querying offsets failed: {error}"
+                    ) from None
+                time.sleep(0.5)  # a leader election or a broker restart: ask again
+        if low > start:
+            self._data_loss(
+                f"{topic}:{number}: offsets {start}..{min(low, end) - 1} were deleted "
+                f"(the log now starts at {low})",
+                min(low, end) - start,
+            )
+            return min(low, end)
+        return start
+
+    def _on_read_error(
+        self, topic: str, number: int, error: KafkaError, position: int, end: int
+    ) -> int:
+        """Handle an error event while reading; returns where to continue (``end`` = stop)."""
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            self._data_loss(
+                f"{topic}:{number}: offset {position} went out of range while reading",
+                end - position,
+            )
+            return end
+        if is_transient(error):
+            return position
+        raise RuntimeError(f"kafka source: reading {topic}:{number} failed: {error}")
+
+
+def _consume(
+    consumer: Consumer,
+    topic: str,
+    number: int,
+    start: int,
+    end: int,
+    stall_timeout: float,
+    on_error: Any,
+) -> Iterator[pa.RecordBatch]:
+    """Consume ``[start, end)`` of one partition as Arrow batches."""
+    tp = TopicPartition(topic, number, start)
+    consumer.assign([tp])
+    keys: list[Any] = []
+    values: list[Any] = []
+    offsets: list[int] = []
+    times: list[int] = []
+    types: list[int] = []
+    headers: list[Any] = []
+    position = start
+    last_progress = time.monotonic()
+    done = False
+    while not done:
+        before = position
+        messages = consumer.consume(num_messages=min(CHUNK_ROWS, 10_000), timeout=0.5)
+        if (
+            messages
+            and messages[-1].offset() < end
+            and not any(m.error() is not None for m in messages)
+        ):  # the common case, in bulk: records only, all inside the range
+            keys += [m.key() for m in messages]
+            values += [m.value() for m in messages]
+            offsets += [m.offset() for m in messages]
+            stamps = [m.timestamp() for m in messages]
+            types += [s[0] for s in stamps]
+            times += [s[1] for s in stamps]
+            headers += [m.headers() for m in messages]
+            position = offsets[-1] + 1
+            messages = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if message.offset() >= end:
+                        done = True
+                        break
+                    continue
+                resume = on_error(topic, number, error, position, end)
+                if resume >= end:
+                    done = True
+                    break
+                continue
+            offset = message.offset()
+            if offset >= end:
+                done = True
+                break
+            kind, stamp = message.timestamp()
+            keys.append(message.key())
+            values.append(message.value())
+            offsets.append(offset)
+            times.append(stamp)
+            types.append(kind)
+            headers.append(message.headers())
+            position = offset + 1
+        if position != before:
+            last_progress = time.monotonic()
+        elif not done:
+            current = consumer.position([TopicPartition(topic, number)])[0].offset
+            if current >= end:
+                done = True
+            elif time.monotonic() - last_progress > stall_timeout:
+                raise RestartableError(
+                    f"kafka source: {topic}:{number}: no progress for {stall_timeout:g}s at "
+                    f"offset {max(position, current)} (reading up to {end}); broker down?"
+                )
+        if len(offsets) >= CHUNK_ROWS or (done and offsets):
+            yield _to_batch(topic, number, keys, values, offsets, times, types, headers)
+            keys, values, offsets, times, types, headers = [], [], [], [], [], []
+
+
+def _to_batch(
+    topic: str,
+    number: int,
+    keys: list[Any],
+    values: list[Any],
+    offsets: list[int],
+    times: list[int],
+    types: list[int],
+    headers: list[Any],
+) -> pa.RecordBatch:
+    """Consumed records as an Arrow batch in the source's schema."""
+    count = len(offsets)
+    stamps = pc.multiply(pa.array(times, pa.int64()), 1000).cast(ARROW_SCHEMA.field(5).type)
+    if any(h is not None for h in headers):
+        header_array = pa.array(
+            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
+            type=HEADER_TYPE,
+        )
+    else:
+        header_array = pa.nulls(count, HEADER_TYPE)
+    columns = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([topic] * count, pa.string()),
+        pa.array([number] * count, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        stamps,
+        pa.array(types, pa.int32()),
+        header_array,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _split_ranges(ranges: list[tuple[str, int, int]], wanted: int) -> list[Split]:
+    """Cut ``(partition, start, end)`` ranges into about ``wanted`` splits, in proportion to
+    their sizes (every range keeps at least one split)."""
+    total = sum(e - s for _, s, e in ranges)
+    out = []
+    for pid, start, end in ranges:
+        pieces = max(1, round(wanted * (end - start) / total)) if total else 1
+        step = -(-(end - start) // pieces)
+        out += [Split(pid, low, min(low + step, end)) for low in range(start, end, step)]
+    return out

@@ -1,0 +1,292 @@
+"""The Kafka source and sink against the real broker, without Spark: exact range reads under
+read_committed, starting positions, data loss, the transactional protocol (markers, replays,
+fencing of lingering transactions) and the errors users see."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from epochal_kafka import KafkaSink, KafkaSource
+from epochal_kafka.source import DataLossError, partition_id
+from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
+
+from epochal_sdk import (
+    ConfigError,
+    Field,
+    Guarantee,
+    Options,
+    SchemaMismatchError,
+    Split,
+    TaskContext,
+)
+from integration.harness.kafka import KafkaServer
+
+pytestmark = [pytest.mark.integration]
+
+SCHEMA = (Field("key", "string"), Field("value", "string"))
+
+
+def _source(server: KafkaServer, **options: str) -> KafkaSource:
+    return KafkaSource(
+        Options("kafka", {"kafka.bootstrap.servers": server.bootstrap_servers, **options})
+    )
+
+
+def _sink(server: KafkaServer, **options: str) -> KafkaSink:
+    return KafkaSink(
+        Options("kafka", {"kafka.bootstrap.servers": server.bootstrap_servers, **options})
+    )
+
+
+def _values(source: KafkaSource, split: Split) -> list[str]:
+    return [v.decode() for b in source.read(split) for v in b.column("value").to_pylist()]
+
+
+def _task(job: str, batch: int, partition: int = 0, attempt: int = 0) -> TaskContext:
+    return TaskContext(job, "kafka-test", batch, partition, attempt, SCHEMA, run=1)
+
+
+def _batch(ids: list[int]) -> Any:
+    import pyarrow as pa
+
+    text = [str(i) for i in ids]
+    return pa.RecordBatch.from_pydict({"key": text, "value": text})
+
+
+def test_ranges_are_read_exactly_and_skip_aborted_records(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """A range re-reads the same records every time; aborted records and markers are skipped
+    (fewer records than end - start) and a read always terminates."""
+    topic = make_topic(2)
+    produce_ids(kafka_server.bootstrap_servers, topic, list(range(300)), 2)
+    source = _source(kafka_server, subscribe=topic)
+    source.check()
+    parts = source.partitions()
+    assert parts == [partition_id(topic, 0), partition_id(topic, 1)]
+    start = source.initial_offsets(parts)
+    end = source.latest_offsets(parts)
+    seen = []
+    for split in source.splits(start, end):
+        first = _values(source, split)
+        assert first == _values(source, split)  # a replay reads the same records
+        assert len(first) < split.end - split.start  # aborted records + markers skipped
+        seen += first
+    assert sorted(map(int, seen)) == list(range(300))
+    # limit() never exceeds the read limit, and a range that holds only skipped offsets ends
+    limited = source.limit(start, end, 7)
+    assert sum(limited[p] - start[p] for p in parts) <= 7
+    middle = Split(parts[0], end[parts[0]] - 1, end[parts[0]])  # the last COMMIT marker
+    assert _values(source, middle) == []
+
+
+def test_starting_positions_and_split_of_large_ranges(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """latest, JSON offsets, a timestamp and minPartitions."""
+    topic = make_topic(1)
+    produce_ids(kafka_server.bootstrap_servers, topic, list(range(100)), 1, aborted=False)
+    pid = partition_id(topic, 0)
+    latest = _source(kafka_server, subscribe=topic, startingOffsets="latest")
+    assert latest.initial_offsets([pid]) == latest.latest_offsets([pid])
+    exact = _source(kafka_server, subscribe=topic, startingOffsets=f'{{"{topic}": {{"0": 40}}}}')
+    assert exact.initial_offsets([pid]) == {pid: 40}
+    future = _source(kafka_server, subscribe=topic, startingTimestamp=str(2**41))
+    assert future.initial_offsets([pid]) == future.latest_offsets([pid])
+    past = _source(kafka_server, subscribe=topic, startingTimestamp="0")
+    assert past.initial_offsets([pid]) == {pid: 0}
+    split = _source(kafka_server, subscribe=topic, minPartitions="4")
+    splits = split.splits({pid: 0}, split.latest_offsets([pid]))
+    assert len(splits) == 4
+    assert sorted(int(v) for s in splits for v in _values(split, s)) == list(range(100))
+
+
+def test_pattern_subscription_and_new_partitions_start_at_earliest(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """A topic that matches the pattern later is picked up from its earliest offset even when
+    the job started at latest."""
+    prefix = f"it-pat-{uuid.uuid4().hex[:8]}"
+    first = f"{prefix}-a"
+    kafka_server.create_topic(first)
+    try:
+        source = _source(kafka_server, subscribePattern=f"{prefix}-.*", startingOffsets="latest")
+        source.check()
+        assert source.partitions() == [partition_id(first, 0)]
+        second = f"{prefix}-b"
+        kafka_server.create_topic(second)
+        produce_ids(kafka_server.bootstrap_servers, second, [1, 2, 3], 1, aborted=False)
+        new = partition_id(second, 0)
+        assert new in source.partitions()
+        assert source.initial_offsets([new]) == {new: 0}
+    finally:
+        kafka_server.delete_topic(first)
+        kafka_server.delete_topic(f"{prefix}-b")
+
+
+def test_data_loss_fails_clearly_or_is_skipped_and_counted(
+    kafka_server: KafkaServer, make_topic: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offsets deleted under the job: a clear error by default; failOnDataLoss=false skips
+    them and logs how many."""
+    topic = make_topic(1)
+    produce_ids(kafka_server.bootstrap_servers, topic, list(range(20)), 1, aborted=False)
+    tp = TopicPartition(topic, 0, 10)
+    kafka_server.admin().delete_records([tp])[tp].result(30)
+    pid = partition_id(topic, 0)
+    strict = _source(kafka_server, subscribe=topic)
+    end = strict.latest_offsets([pid])
+    with pytest.raises(DataLossError, match=r"failOnDataLoss"):
+        _values(strict, Split(pid, 0, end[pid]))
+    lenient = _source(kafka_server, subscribe=topic, failOnDataLoss="false")
+    with caplog.at_level("WARNING", logger="epochal.kafka.source"):
+        values = _values(lenient, Split(pid, 0, end[pid]))
+    assert [int(v) for v in values] == list(range(10, 20))
+    assert "skipping 10 lost record(s)" in caplog.text
+
+
+def test_bad_options_and_missing_topics_give_clear_errors(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """Missing bootstrap, missing topic, both subscribe options, a bad schema."""
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap\.servers"):
+        KafkaSource(Options("kafka", {"subscribe": "x"}))
+    with pytest.raises(ConfigError, match="exactly one"):
+        _source(kafka_server)
+    with pytest.raises(ConfigError, match="do not exist"):
+        _source(kafka_server, subscribe=f"missing-{uuid.uuid4().hex}").check()
+    with pytest.raises(ConfigError, match="no broker"):
+        KafkaSource(
+            Options(
+                "kafka",
+                {
+                    "kafka.bootstrap.servers": "127.0.0.1:1",
+                    "subscribe": "x",
+                    "metadataTimeoutMs": "2000",
+                },
+            )
+        ).check()
+    topic = make_topic(1)
+    with pytest.raises(SchemaMismatchError, match="'value'"):
+        _sink(kafka_server, topic=topic).check((Field("key", "string"),))
+    with pytest.raises(SchemaMismatchError, match="'extra'"):
+        _sink(kafka_server, topic=topic).check((*SCHEMA, Field("extra", "int")))
+    with pytest.raises(ConfigError, match="does not exist"):
+        _sink(kafka_server, topic=f"missing-{uuid.uuid4().hex}").check(SCHEMA)
+    with pytest.raises(ConfigError, match=r"transaction.max.timeout.ms = 900000"):
+        _sink(kafka_server, topic=topic, transactionTimeoutMs="3600000").check(SCHEMA)
+    assert _sink(kafka_server, topic=topic, mode="idempotent").max_guarantee() == (
+        Guarantee.AT_LEAST_ONCE
+    )
+
+
+def test_transaction_marker_makes_a_replay_write_nothing(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """A batch committed by a task is not written again by a replay (a new attempt or run);
+    the next batch is written; a new query (another query id) is not confused by old markers."""
+    topic = make_topic(1)
+    sink = _sink(kafka_server, topic=topic)
+    sink.check(SCHEMA)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    for attempt in (0, 1):  # attempt 1 replays batch 5 after attempt 0 committed it
+        txn = sink.begin(_task(job, 5, attempt=attempt))
+        txn.write(_batch([1, 2, 3]))
+        data = txn.prepare()
+        txn.close()
+        assert data["skipped"] is (attempt == 1)
+    txn = sink.begin(_task(job, 6))
+    txn.write(_batch([4]))
+    txn.prepare()
+    txn.close()
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["1", "2", "3", "4"]
+
+
+def test_recovery_fences_a_lingering_transaction_at_once(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """A task killed inside its transaction leaves it open; the runtime's recovery call
+    (in_doubt with the job's prefix) aborts it, so read_committed readers go on at once
+    instead of waiting for transaction.timeout.ms (10 minutes here)."""
+    topic = make_topic(1)
+    sink = _sink(kafka_server, topic=topic)
+    sink.check(SCHEMA)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    done = sink.begin(_task(job, 0, partition=0))
+    done.write(_batch([1]))
+    done.prepare()
+    done.close()
+    zombie = sink.begin(_task(job, 1, partition=0))
+    zombie.write(_batch([2]))
+    assert zombie.producer is not None
+    zombie.producer.flush(30)  # the record is in the log, the transaction open: a "killed" task
+    other = sink.begin(_task(job, 1, partition=1))
+    other.write(_batch([3]))
+    assert other.producer is not None
+    other.producer.flush(30)
+    assert unstable_partitions(kafka_server.bootstrap_servers, topic)
+    prefix = _task(job, 0).prefix
+    assert sink.in_doubt(f"{prefix}.1.") == []  # per-batch calls fence nothing
+    assert unstable_partitions(kafka_server.bootstrap_servers, topic)
+    assert sink.in_doubt(f"{prefix}.") == []  # recovery: fences ids 0 and 1
+    assert unstable_partitions(kafka_server.bootstrap_servers, topic) == []
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["1"]
+    zombie.producer = other.producer = None
+
+
+def test_idempotent_writer_delivers_with_headers_and_topic_column(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """At-least-once mode: per-record topic, key and headers from columns."""
+    import pyarrow as pa
+
+    first, second = make_topic(1), make_topic(1)
+    sink = _sink(kafka_server, topic=first, mode="idempotent")
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": ["a", None],
+            "value": [b"1", b"2"],
+            "topic": [None, second],
+            "headers": pa.array([[{"key": "h", "value": b"x"}], None], header_type),
+        }
+    )
+    sink.check(
+        (
+            Field("key", "string"),
+            Field("value", "binary"),
+            Field("topic", "string"),
+            Field("headers", "array<struct<key:string,value:binary>>"),
+        )
+    )
+    writer = sink.open(_task("j", 0))
+    writer.write(batch)
+    writer.flush()
+    writer.close()
+    [one] = read_to_end(kafka_server.bootstrap_servers, first)
+    [two] = read_to_end(kafka_server.bootstrap_servers, second)
+    assert (one.key(), one.value(), one.headers()) == (b"a", b"1", [("h", b"x")])
+    assert (two.key(), two.value()) == (None, b"2")
+
+
+def test_source_yields_headers_as_array_of_structs(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """Headers come back as array<struct<key string, value binary>> (null when none)."""
+    topic = make_topic(1)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap_servers})
+    producer.produce(topic, b"v1", b"k1", headers=[("a", b"1"), ("b", None)])
+    producer.produce(topic, b"v2")
+    producer.flush(30)
+    source = _source(kafka_server, subscribe=topic)
+    pid = partition_id(topic, 0)
+    [batch] = list(source.read(Split(pid, 0, source.latest_offsets([pid])[pid])))
+    rows = batch.to_pylist()
+    assert rows[0]["headers"] == [{"key": "a", "value": b"1"}, {"key": "b", "value": None}]
+    assert rows[1]["headers"] is None and rows[1]["key"] is None
+    assert [r["offset"] for r in rows] == [0, 1]
