@@ -163,7 +163,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.part.context.store(self.part.connector),
                 self.source,
                 self.part.part_id,
-                to_arrow_schema(self.schema),
+                to_arrow_schema(self.schema, timezone="UTC"),
                 window_batches=opts.int("dedupeWindowBatches", 100, minimum=1) or 100,
                 window_ids=opts.int("dedupeWindowIds", 1_000_000, minimum=1) or 1_000_000,
                 step=self.part.context.reach,
@@ -219,7 +219,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         seqs = range(int(start["seq"]) + 1, int(end["seq"]) + 1)
         if self.exactly_once:
             return [StoredBatchPartition(seq) for seq in seqs]
-        arrow_schema = to_arrow_schema(self.schema)
+        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         return [
             StoredBatchPartition(seq, encode_batch(self._memory[seq], arrow_schema))
             for seq in seqs
