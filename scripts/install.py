@@ -9,10 +9,14 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ["sdk", "core_runtime"] + sorted(
-    os.path.relpath(os.path.dirname(p), ROOT)
-    for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
-)
+PACKAGES = [
+    "sdk",
+    "core_runtime",
+    *sorted(
+        os.path.relpath(os.path.dirname(p), ROOT)
+        for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
+    ),
+]
 DEV = ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"]
 
 

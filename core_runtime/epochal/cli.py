@@ -155,6 +155,21 @@ def _jobs(args: argparse.Namespace) -> int:
     raise SystemExit(f"unknown action {action}")
 
 
+def _in_doubt(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        tool = importlib.import_module(f"epochal_{args.connector}.indoubt")
+    except ModuleNotFoundError:
+        print(
+            f"epochal: connector {args.connector!r} has no in-doubt tool "
+            f"(is epochal-{args.connector} installed?)",
+            file=sys.stderr,
+        )
+        return 2
+    return int(tool.main(args.args) or 0)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run
 
@@ -202,6 +217,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-dir", default=DEFAULT_SNAPSHOT_DIR)
     p.add_argument("--force", action="store_true", help="resume: take the lease over")
     p.set_defaults(func=_jobs)
+
+    p = sub.add_parser(
+        "in-doubt",
+        help="list or settle a job's prepared transactions by hand (operators)",
+        description="Delegates to the connector's operator tool, e.g. "
+        "`epochal in-doubt jdbc list --dsn URL --job NAME --snapshot-dir DIR`.",
+    )
+    p.add_argument("connector", help="the connector whose transactions to inspect (jdbc)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="list|settle and the tool's options")
+    p.set_defaults(func=_in_doubt)
 
     p = sub.add_parser("demo", help="exactly-once demo on the embedded map, with crashes")
     p.add_argument("--events", type=int, default=6000)

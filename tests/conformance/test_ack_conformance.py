@@ -13,6 +13,7 @@ from epochal import registry
 from epochal.testing import ConformanceSuite, SourceUnderTest
 from epochal.testing.broker import TestBroker
 from epochal_map.testing import MapSinkUnderTest
+from epochal_sdk import Guarantee
 
 
 class QueueUnderTest(SourceUnderTest):
@@ -45,6 +46,9 @@ class TestAckConformance(ConformanceSuite):
     source_contract = "acknowledging"
     sink_modes = ("transactional",)
     scope = "source"
+    # The JMS connector runs this suite at both guarantees against a real broker; with the
+    # double, exactly-once (the stored-batch and dedupe path) is what the runtime adds.
+    guarantees = (Guarantee.EXACTLY_ONCE,)
 
     @pytest.fixture(autouse=True)
     def _broker_plugin(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

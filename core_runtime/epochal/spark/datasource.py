@@ -74,6 +74,7 @@ class EpochalDataSource(DataSource):
                 part=f"source {part.label}",
                 options=self.options,
                 allow_downgrade=self.context.allow_downgrade,
+                why=_reason(source),
             )
         finally:
             source.close()
@@ -96,6 +97,7 @@ class EpochalDataSource(DataSource):
                 part=f"sink {part.label}",
                 options=self.options,
                 allow_downgrade=self.context.allow_downgrade,
+                why=_reason(sink),
             )
             if _planning_worker() and _first_plan_of_run(part):
                 _trace(f"planning {part.label} (run {part.context.run})")
@@ -110,6 +112,12 @@ class EpochalDataSource(DataSource):
         if mode == "transactional":
             return TransactionalWriter(part, fields)
         return IdempotentWriterAdapter(part, fields)
+
+
+def _reason(part: Any) -> str:
+    """Why a connector gives less than exactly-once (its optional ``guarantee_reason()``)."""
+    explain = getattr(part, "guarantee_reason", None)
+    return str(explain() or "") if callable(explain) else ""
 
 
 def _planned_key(part: Part) -> str:

@@ -1,0 +1,146 @@
+"""Spark jobs with the PostgreSQL sink: the server stopped in the middle of an exactly-once
+run, a server without prepared transactions refused at submit, a bad record failing the job
+with its table and batch."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from epochal_jdbc.testing import JdbcSinkUnderTest
+
+from epochal import Job, JobConfig, JobStatus
+from epochal.testing.pipelines import SPEC_ENV
+from epochal_map.testing import MapSourceUnderTest
+from integration.harness.plugin import PostgresDatabase
+from integration.harness.postgres import LocalPostgres, PostgresServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def _spec(monkeypatch: pytest.MonkeyPatch, source: MapSourceUnderTest, sink: dict) -> None:
+    spec = {
+        "source": "map",
+        "source_options": {**source.options(), "maxRecordsPerBatch": "100"},
+        "sink": "jdbc",
+        "sink_options": sink,
+        "id_expr": source.id_expr,
+    }
+    monkeypatch.setenv(SPEC_ENV, json.dumps(spec))
+
+
+def _config(tmp_path: Path, **changes: object) -> JobConfig:
+    settings: dict[str, object] = {
+        "snapshot_dir": str(tmp_path / "snapshots"),
+        "available_now": True,
+        "restart_backoff": 0.2,
+        "max_restart_backoff": 1.0,
+    }
+    settings.update(changes)
+    return JobConfig(**settings)  # type: ignore[arg-type]
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _count(db: PostgresDatabase) -> int:
+    with db.connect() as conn:
+        if conn.execute("SELECT to_regclass('output')").fetchone()[0] is None:
+            return 0
+        return int(conn.execute("SELECT count(*) FROM output").fetchone()[0])
+
+
+def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_server: PostgresServer,
+    postgres_db: PostgresDatabase,
+) -> None:
+    postgres_server.require_faults()
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(3000))
+    sink = JdbcSinkUnderTest(postgres_db.dsn)
+    _spec(monkeypatch, source, sink.options("transactional"))
+    job = Job.submit("pg-restart", "epochal.testing.pipelines:copy", _config(tmp_path))
+    _wait(lambda: _count(postgres_db) >= 200, 600, "the first batches to commit")
+    postgres_server.stop()
+    try:
+        _wait(
+            lambda: job.status().restarts >= 1 or job.status().status.finished,
+            600,
+            "the job to notice the lost server",
+        )
+    finally:
+        postgres_server.start()
+    record = job.join(900)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    assert record.restarts >= 1, "the job never lost the server"
+    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
+    assert sorted(counts) == list(range(3000)), "lost records"
+    assert [k for k, n in counts.items() if n > 1] == [], "duplicated records"
+    assert sink.in_doubt() == []
+
+
+@pytest.fixture
+def no_prepared_server() -> Iterator[str]:
+    """A second private PostgreSQL with ``max_prepared_transactions = 0`` (the harness class
+    takes no settings: its command line is edited before the first start)."""
+    local = LocalPostgres("postgres-no-2pc")
+    argv = local.process.argv
+    argv[argv.index("max_prepared_transactions=64")] = "max_prepared_transactions=0"
+    try:
+        local.start()
+        yield local.dsn
+    finally:
+        local.close()
+
+
+def test_exactly_once_without_prepared_transactions_is_refused_unless_downgraded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_prepared_server: str
+) -> None:
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(100))
+    sink = JdbcSinkUnderTest(no_prepared_server)
+    _spec(monkeypatch, source, sink.options("transactional"))
+    refused = Job.submit("no-2pc", "epochal.testing.pipelines:copy", _config(tmp_path)).join(600)
+    assert refused.status == JobStatus.FAILED
+    assert refused.restarts == 0
+    assert "GuaranteeError" in refused.failure and "connector 'jdbc'" in refused.failure
+    assert "at-least-once" in refused.failure and "allow the downgrade" in refused.failure
+    assert sink.committed("transactional") == []
+
+    allowed = Job.submit(
+        "no-2pc-allowed",
+        "epochal.testing.pipelines:copy",
+        _config(tmp_path, allow_downgrade=True),
+    ).join(600)
+    assert allowed.status == JobStatus.COMPLETED, allowed.failure
+    assert sorted(int(k) for k, _ in sink.committed("transactional")) == list(range(100))
+
+
+def test_a_bad_record_fails_the_job_naming_table_and_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_db: PostgresDatabase
+) -> None:
+    with postgres_db.connect() as conn:
+        conn.execute("CREATE TABLE output (key text, value text CHECK (value <> '150'))")
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(300))
+    sink = JdbcSinkUnderTest(postgres_db.dsn)
+    _spec(monkeypatch, source, sink.options("transactional"))
+    record = Job.submit("poison", "epochal.testing.pipelines:copy", _config(tmp_path)).join(600)
+    assert record.status == JobStatus.FAILED
+    assert record.restarts == 0
+    assert "PoisonRecordError" in record.failure
+    assert "table output (batch 1" in record.failure and "output_value_check" in record.failure
+    written = [int(k) for k, _ in sink.committed("transactional")]
+    assert len(set(written)) == len(written) == 100 and 150 not in written  # batch 0 only
+    assert sink.in_doubt() == []
