@@ -269,7 +269,7 @@ def run_case(
     job = Job.submit(
         name, f"epochal.testing.pipelines:{case.pipeline}", config, report=lines.append
     )
-    record = job.join(timeout=900)
+    record = job.join(timeout=540)
     fired = FaultPlan.parse(case.fault, f"{job.jobdir.path}/faults").fired()
     if record.status != JobStatus.COMPLETED:
         logs = _driver_log_tail(job.jobdir.logs)
