@@ -19,7 +19,7 @@ class TestJdbcSinkConformance(ConformanceSuite):
     """Map journal → Spark → PostgreSQL table (2PC and upsert)."""
 
     scope = "sink"
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @pytest.fixture
@@ -40,7 +40,7 @@ class TestJdbcSourceConformance(ConformanceSuite):
     # it at both, with the aggregation; here: every source crash point, exactly-once.
     guarantees = (Guarantee.EXACTLY_ONCE,)
     aggregate = False
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @pytest.fixture

@@ -32,7 +32,7 @@ class TestJmsSourceConformance(ConformanceSuite):
     source_contract = "acknowledging"
     sink_modes = ("transactional",)
     scope = "source"
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @pytest.fixture
@@ -49,7 +49,7 @@ class TestJmsSinkConformance(ConformanceSuite):
 
     sink_modes = ("idempotent",)
     scope = "sink"
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @pytest.fixture

@@ -35,7 +35,7 @@ class TestKafkaSourceConformance(ConformanceSuite):
     source_contract = "replayable"
     sink_modes = ("transactional",)
     scope = "source"
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @classmethod
@@ -58,7 +58,7 @@ class TestKafkaSinkConformance(ConformanceSuite):
 
     sink_modes = ("transactional", "idempotent")
     scope = "sink"
-    records = 200
+    records = 150
     records_per_batch = 50
 
     @classmethod

@@ -174,7 +174,7 @@ class ConformanceSuite:
     source_contract: ClassVar[str] = "replayable"
     sink_modes: ClassVar[tuple[str, ...]] = ("transactional", "idempotent")
     guarantees: ClassVar[tuple[Guarantee, ...]] = (Guarantee.EXACTLY_ONCE, Guarantee.AT_LEAST_ONCE)
-    records: ClassVar[int] = 400
+    records: ClassVar[int] = 300
     records_per_batch: ClassVar[int] = 100
     aggregate: ClassVar[bool] = True
     """Also run the keyed running aggregation (Spark state) across a kill, per sink mode."""
