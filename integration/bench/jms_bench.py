@@ -33,6 +33,7 @@ from typing import Any
 from epochal_jms.client import BrokerConfig, StompClient
 from epochal_jms.testing import browse, url_of
 
+from integration.bench.common import run_available_now
 from integration.bench.kafka_bench import machine
 
 
@@ -127,17 +128,7 @@ def send_loop(config: BrokerConfig, destination: str, records: int, batch: int) 
 
 def run_query(name: str, reader: Any, fmt: str, options: dict[str, str], cp: str) -> Result:
     """One availableNow query; figures from its progress reports."""
-    query = (
-        reader.writeStream.format(fmt)
-        .options(**options)
-        .option("checkpointLocation", cp)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise RuntimeError(str(query.exception()))
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    progress = run_available_now(reader, fmt, options, cp)
     rows = sum(p["numInputRows"] for p in progress)
     batch_ms = [float(p["durationMs"]["triggerExecution"]) for p in progress]
     batch_rows = [int(p["numInputRows"]) for p in progress]

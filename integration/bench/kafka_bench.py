@@ -34,6 +34,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from integration.bench.common import run_available_now
+
 SPARK_KAFKA_VERSION = "4.2.0"
 """spark-sql-kafka-0-10_2.13 4.3.0 (matching pyspark 4.3.0) is not on Maven Central; 4.2.0 is
 the newest published one. Its ``spark-token-provider-kafka`` dependency is only on Central
@@ -189,17 +191,7 @@ def run_query(
     spark: Any, name: str, reader: Any, writer_format: str, writer_options: dict, checkpoint: str
 ) -> Result:
     """Run one availableNow query; figures from its progress reports."""
-    query = (
-        reader.writeStream.format(writer_format)
-        .options(**writer_options)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise RuntimeError(str(query.exception()))
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    progress = run_available_now(reader, writer_format, writer_options, checkpoint)
     rows = sum(p["numInputRows"] for p in progress)
     batch_ms = [float(p["durationMs"]["triggerExecution"]) for p in progress]
     names = sorted({k for p in progress for k in p["durationMs"]} - {"triggerExecution"})
