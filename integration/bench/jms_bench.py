@@ -27,38 +27,13 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from epochal_jms.client import BrokerConfig, StompClient
 from epochal_jms.testing import browse, url_of
 
-from integration.bench.common import run_available_now
+from integration.bench.common import Result, run_available_now
 from integration.bench.kafka_bench import machine
-
-
-@dataclass
-class Result:
-    """One variant's figures."""
-
-    name: str
-    records: int
-    seconds: float
-    batch_ms: list[float]
-    note: str = ""
-    batch_rows: list[int] | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds if self.seconds else 0.0
-
-    @property
-    def steady(self) -> float:
-        """The rate without the first batch (which pays the query's start-up)."""
-        rows, ms = self.batch_rows or [], self.batch_ms
-        if len(rows) < 2:
-            return self.rate
-        return sum(rows[1:]) / (sum(ms[1:]) / 1000) if sum(ms[1:]) else 0.0
 
 
 def fill(config: BrokerConfig, destination: str, records: int, body: int) -> None:

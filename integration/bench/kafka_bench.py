@@ -28,13 +28,12 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from integration.bench.common import run_available_now
+from integration.bench.common import Result, run_available_now
 
 SPARK_KAFKA_VERSION = "4.2.0"
 """spark-sql-kafka-0-10_2.13 4.3.0 (matching pyspark 4.3.0) is not on Maven Central; 4.2.0 is
@@ -99,23 +98,6 @@ def spark_kafka_jars() -> list[str]:
         )
         (entry / ".complete").write_text(SPARK_KAFKA_VERSION + "\n")
     return sorted(str(p) for p in libs.glob("*.jar") if not p.name.startswith(_PROVIDED))
-
-
-@dataclass
-class Result:
-    """One variant's figures."""
-
-    name: str
-    records: int
-    seconds: float
-    batch_ms: list[float]
-    note: str = ""
-    phases: dict[str, float] | None = None
-    """Mean ms per batch of Spark's phases (latestOffset, addBatch, walCommit, ...)."""
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds if self.seconds else 0.0
 
 
 def produce_input(bootstrap: str, topic: str, records: int) -> None:
