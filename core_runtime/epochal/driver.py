@@ -32,6 +32,7 @@ from epochal.context import (
 )
 from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, classify
 from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord
+from epochal_sdk.errors import STARTING_ENV
 
 log = logging.getLogger("epochal.driver")
 
@@ -67,6 +68,7 @@ def _environment(record: JobRecord, jobdir: JobDirectory, epoch: int) -> None:
             ENV_RUN: str(record.run),
             ENV_LEASE_EPOCH: str(epoch),
             ENV_FAULTS: config.faults,
+            STARTING_ENV: "0",  # the data source says when a check is the job's start
             "EPOCHAL_DRIVER_PGID": str(os.getpgid(0)),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,

@@ -19,6 +19,8 @@ from epochal_sdk.errors import (
     RestartableError,
     SchemaMismatchError,
     SnapshotError,
+    job_starting,
+    unreachable,
 )
 from epochal_sdk.guarantees import Guarantee, weakest
 from epochal_sdk.hookspecs import hookimpl, hookspec
@@ -79,6 +81,8 @@ __all__ = [
     "ddl",
     "hookimpl",
     "hookspec",
+    "job_starting",
     "transaction_prefix",
+    "unreachable",
     "weakest",
 ]

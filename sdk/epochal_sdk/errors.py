@@ -7,6 +7,8 @@ error fails the job with its message.
 
 from __future__ import annotations
 
+import os
+
 RESTARTABLE_MARK = "[epochal:restartable]"
 """Marker carried in the message of restartable errors, so that the classification survives
 the trip through Spark's JVM, where only the text of a Python exception is kept."""
@@ -56,3 +58,32 @@ class RestartableError(EpochalError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"{message} {RESTARTABLE_MARK}")
+
+
+STARTING_ENV = "EPOCHAL_STARTING"
+"""Set by the runtime: ``1`` while it checks a job's connectors at the job's first start,
+``0`` everywhere else in a job (tasks, later batches, every restart). Unset outside a job."""
+
+
+def job_starting() -> bool:
+    """Whether the runtime is checking the connectors of a job that has not run yet.
+
+    Outside a job (a script or a test calling ``check()``) this is ``True``: there is nothing
+    to restart, so a failure is reported as it is.
+    """
+    return os.environ.get(STARTING_ENV, "1") == "1"
+
+
+def unreachable(connector: str, option: str, problem: str, fix: str) -> EpochalError:
+    """The error for a server that does not answer (raise what this returns).
+
+    While a job starts, a server that does not answer most likely has a wrong address: a
+    :class:`ConfigError` fails the job at once with ``fix``. Once the job has run, the same
+    failure is a server that worked and was lost: a :class:`RestartableError` restarts the job
+    from its last snapshot (with backoff, within the job's restart limit).
+    """
+    if job_starting():
+        return ConfigError(connector, option, problem, fix)
+    return RestartableError(
+        f"{connector}: lost the server ({problem}); restarting from the last snapshot"
+    )

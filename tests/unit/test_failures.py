@@ -1,17 +1,25 @@
-"""failures.classify: which failure texts restart a job and which fail it."""
+"""failures.classify: which failure texts restart a job and which fail it; an unreachable
+server fails a job that starts and restarts a job that ran."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from epochal.context import JobContext
 from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, classify
+from epochal.spark.datasource import _job_start_checks
 from epochal_sdk import (
     ConfigError,
     FencedError,
     GuaranteeError,
     RestartableError,
     SnapshotError,
+    job_starting,
+    unreachable,
 )
+from epochal_sdk.errors import STARTING_ENV
 
 
 def traceback_of(exc: BaseException) -> str:
@@ -75,3 +83,41 @@ def test_restartable_error_carries_its_mark() -> None:
 def test_exit_codes_are_distinct() -> None:
     assert len({EXIT_DONE, EXIT_RESTARTABLE, EXIT_FATAL}) == 3
     assert EXIT_DONE == 0
+
+
+@pytest.mark.parametrize(
+    ("starting", "expected", "failure"),
+    [
+        (None, ConfigError, Failure.FATAL),  # outside a job: report it as it is
+        ("1", ConfigError, Failure.FATAL),  # the job's first start: a wrong address
+        ("0", RestartableError, Failure.RESTARTABLE),  # a server that worked and was lost
+    ],
+)
+def test_an_unreachable_server_fails_a_start_and_restarts_a_running_job(
+    monkeypatch: pytest.MonkeyPatch, starting: str | None, expected: type, failure: Failure
+) -> None:
+    if starting is None:
+        monkeypatch.delenv(STARTING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(STARTING_ENV, starting)
+    error = unreachable("jdbc", "url", "cannot connect to db:5432", "Check the host.")
+    assert type(error) is expected
+    assert "cannot connect to db:5432" in str(error)
+    assert classify(traceback_of(error)) is failure
+
+
+def test_the_data_source_says_which_checks_are_a_job_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(STARTING_ENV, "0")  # what the driver sets for the whole job
+
+    def seen(context: JobContext, first_plan: bool = True) -> bool:
+        with _job_start_checks(context, first_plan):
+            inside = job_starting()
+        assert os.environ[STARTING_ENV] == "0", "the flag must be restored"
+        return inside
+
+    assert seen(JobContext(run=1, supervised=True))
+    assert not seen(JobContext(run=1, supervised=True), first_plan=False)
+    assert not seen(JobContext(run=2, supervised=True))
+    assert seen(JobContext(run=1_800_000_000, supervised=False))  # a query outside epochal run

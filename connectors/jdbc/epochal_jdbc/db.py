@@ -3,9 +3,7 @@ table names, type mapping and the translation of PostgreSQL errors into epochal'
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from epochal_sdk import (
     PoisonRecordError,
     RestartableError,
     SchemaMismatchError,
+    unreachable,
 )
 
 CONNECTOR = "jdbc"
@@ -120,34 +119,15 @@ def describe(info: str) -> str:
     return f"{host}:{params.get('port', 5432)}/{params.get('dbname', params.get('user', ''))}"
 
 
-_PLANNING_WORKERS = ("create_data_source", "plan_data_source_read", "write_into_data_source")
-_SPARK_WORKERS = ("pyspark", "python_streaming", "commit_data_source_write")
 _SERVER_NOT_READY = ("shutting down", "starting up", "recovery mode", "not yet accepting")
 
 
-def at_job_start() -> bool:
-    """Whether a failure to connect now is a failure to *start* (a configuration problem to
-    report once, clearly) rather than the loss of a server that worked (restart the job).
-
-    True on the job's first run (``EPOCHAL_RUN`` <= 1) while Spark plans the query (the
-    driver-side workers that create the data source and plan the read or the write), and
-    outside Spark (a check from a script). False in tasks, in the per-batch commit workers
-    and on every restart. PySpark names its worker module on the worker's command line.
-    """
-    try:
-        if int(os.environ.get("EPOCHAL_RUN") or 1) > 1:
-            return False
-    except ValueError:
-        pass
-    argv = " ".join(sys.argv)
-    if any(m in argv for m in _PLANNING_WORKERS):
-        return True
-    return not any(m in argv for m in _SPARK_WORKERS)
-
-
 def connect(options: Options, *, autocommit: bool = True, at_start: bool = False) -> Any:
-    """A psycopg connection. ``at_start`` (driver checks): an unreachable server when the job
-    starts is a :class:`ConfigError`; a lost server later is a :class:`RestartableError`."""
+    """A psycopg connection. ``at_start`` (the checks before a job's batches): a server that
+    does not answer is the SDK's ``unreachable`` error (a :class:`ConfigError` when the job
+    starts, a :class:`RestartableError` on a restart). Elsewhere (tasks, commits) a lost
+    server is a :class:`RestartableError`. A refused login or a missing database is always a
+    :class:`ConfigError`."""
     info = conninfo(options)
     timeout = options.int("connectTimeout", 10, minimum=1) or 10
     try:
@@ -165,13 +145,12 @@ def connect(options: Options, *, autocommit: bool = True, at_start: bool = False
             )
         )
         not_ready = any(word in text for word in _SERVER_NOT_READY)
-        if permanent or (at_start and not not_ready and at_job_start()):
-            raise ConfigError(
-                CONNECTOR,
-                "url",
-                f"cannot connect to PostgreSQL at {describe(info)} ({text})",
-                "Check host, port, database, user and password, and that the server runs.",
-            ) from None
+        problem = f"cannot connect to PostgreSQL at {describe(info)} ({text})"
+        fix = "Check host, port, database, user and password, and that the server runs."
+        if permanent:
+            raise ConfigError(CONNECTOR, "url", problem, fix) from None
+        if at_start and not not_ready:
+            raise unreachable(CONNECTOR, "url", problem, fix) from None
         raise RestartableError(
             f"jdbc: lost PostgreSQL at {describe(info)} ({text}); restarting from the last snapshot"
         ) from None

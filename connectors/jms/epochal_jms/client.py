@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import stomp
 from stomp.exception import StompException
 
-from epochal_sdk import ConfigError, EpochalError, Options
+from epochal_sdk import ConfigError, EpochalError, Options, unreachable
 
 CONNECTOR = "jms"
 DEFAULT_PORT = 61613
@@ -192,23 +192,23 @@ class StompClient(stomp.ConnectionListener):
 
 
 def connect_checked(config: BrokerConfig, client_id: str | None = None) -> StompClient:
-    """Connect at job start. An unreachable broker is retried for ``connectTimeoutMs``
-    (a broker that is restarting), then it is a :class:`ConfigError` that names the address,
-    as is a refused login at once (neither is a restartable failure)."""
+    """Connect for a check or a run's start. An unreachable broker is retried for
+    ``connectTimeoutMs`` (a broker that is restarting), then it is the SDK's ``unreachable``
+    error (a :class:`ConfigError` that names the address when the job starts, a
+    :class:`RestartableError` on a restart); a refused login is a :class:`ConfigError` at once."""
     deadline = time.monotonic() + config.connect_timeout_ms / 1000
+    fix = (
+        "Check that the broker runs, that the address is its STOMP acceptor, and "
+        "the user, password and clientId."
+    )
     while True:
         client = StompClient(config, client_id)
         try:
             return client.connect()
         except BrokerError as exc:
             client.close()
-            refused = client.error is not None  # an ERROR frame: login or client-id refused
-            if refused or time.monotonic() >= deadline:
-                raise ConfigError(
-                    CONNECTOR,
-                    "url",
-                    str(exc),
-                    "Check that the broker runs, that the address is its STOMP acceptor, and "
-                    "the user, password and clientId.",
-                ) from None
+            if client.error is not None:  # an ERROR frame: login or client-id refused
+                raise ConfigError(CONNECTOR, "url", str(exc), fix) from None
+            if time.monotonic() >= deadline:
+                raise unreachable(CONNECTOR, "url", str(exc), fix) from None
         time.sleep(0.5)

@@ -7,7 +7,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from epochal_sdk import ConfigError, Options, RestartableError
+from epochal_sdk import ConfigError, Options, RestartableError, unreachable
 
 CONNECTOR = "kafka"
 CLIENT_PREFIX = "kafka."
@@ -45,23 +45,25 @@ def admin_client(config: dict[str, Any]) -> AdminClient:
 
 
 def list_topics(admin: AdminClient, bootstrap: str, timeout: float, *, at_start: bool) -> Any:
-    """Cluster metadata. At start an unreachable cluster is a :class:`ConfigError` (check the
-    address); later it is a :class:`RestartableError` (the job restarts from its snapshot)."""
+    """Cluster metadata. In the checks before a job's batches (``at_start``) an unreachable
+    cluster is the SDK's ``unreachable`` error (a :class:`ConfigError` when the job starts: check
+    the address; a :class:`RestartableError` on a restart); elsewhere a
+    :class:`RestartableError` (the job restarts from its snapshot)."""
     try:
         return admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        message = (
-            f"kafka: no broker at {bootstrap!r} answered a metadata request within "
+        problem = (
+            f"no broker at {bootstrap!r} answered a metadata request within "
             f"{timeout:g}s ({exc.args[0]})"
         )
         if at_start:
-            raise ConfigError(
+            raise unreachable(
                 CONNECTOR,
                 "kafka.bootstrap.servers",
-                message.removeprefix("kafka: "),
+                problem,
                 "Check the address and that the brokers are up (and security settings).",
             ) from None
-        raise RestartableError(message) from None
+        raise RestartableError(f"kafka: {problem}") from None
 
 
 def kafka_error(exc: KafkaException) -> KafkaError:

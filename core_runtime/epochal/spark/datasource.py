@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
@@ -24,6 +26,7 @@ from epochal_sdk import (
     ReplayableSource,
     TransactionalSink,
 )
+from epochal_sdk.errors import STARTING_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,17 +60,20 @@ class EpochalDataSource(DataSource):
         )
 
     def schema(self) -> str:
-        source = self._part().build_source()
-        try:
-            return source.schema()
-        finally:
-            source.close()
+        with _job_start_checks(self.context):
+            source = self._part().build_source()
+            try:
+                return source.schema()
+            finally:
+                source.close()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         part = self._part()
-        source = part.build_source()
+        with _job_start_checks(self.context):
+            source = part.build_source()
         try:
-            source.check()
+            with _job_start_checks(self.context):
+                source.check()
             part.guarantee = guarantees.effective(
                 self.context.guarantee,
                 source.max_guarantee(),
@@ -88,20 +94,25 @@ class EpochalDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         part = self._part()
         fields = sdk_schema(schema)
-        sink = part.build_sink()
+        first_plan = _planning_worker() and _first_plan_of_run(part)
+        with _job_start_checks(self.context, first_plan):
+            sink = part.build_sink()
         try:
             mode = _sink_mode(part, sink)
+            with _job_start_checks(self.context, first_plan):
+                capable = sink.max_guarantee()
             part.guarantee = guarantees.effective(
                 self.context.guarantee,
-                sink.max_guarantee(),
+                capable,
                 part=f"sink {part.label}",
                 options=self.options,
                 allow_downgrade=self.context.allow_downgrade,
                 why=_reason(sink),
             )
-            if _planning_worker() and _first_plan_of_run(part):
+            if first_plan:
                 _trace(f"planning {part.label} (run {part.context.run})")
-                sink.check(fields)
+                with _job_start_checks(self.context):
+                    sink.check(fields)
                 part.record("sink", {"contract": mode})
                 if mode == "transactional":
                     report = two_phase(part, sink).recover()
@@ -112,6 +123,24 @@ class EpochalDataSource(DataSource):
         if mode == "transactional":
             return TransactionalWriter(part, fields)
         return IdempotentWriterAdapter(part, fields)
+
+
+@contextlib.contextmanager
+def _job_start_checks(context: JobContext, first_plan: bool = True) -> Iterator[None]:
+    """Tell the connectors (``epochal_sdk.job_starting()``) whether the code inside checks a
+    job that has not run yet: only the first plan of a supervised job's first run (or of a
+    query started without ``epochal run``) is a start; a server that does not answer then is a
+    configuration error. Every later check meets a lost server: a restartable failure."""
+    starting = first_plan and (not context.supervised or context.run <= 1)
+    previous = os.environ.get(STARTING_ENV)
+    os.environ[STARTING_ENV] = "1" if starting else "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(STARTING_ENV, None)
+        else:
+            os.environ[STARTING_ENV] = previous
 
 
 def _reason(part: Any) -> str:
