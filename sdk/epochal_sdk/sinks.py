@@ -79,9 +79,23 @@ class Sink(ABC):
         """The strongest guarantee this sink can give with these options and this server."""
         return self.MAX_GUARANTEE
 
+    def guarantee_reason(self) -> str:
+        """Why :meth:`max_guarantee` is below exactly-once, if it is (shown when the runtime
+        refuses or downgrades the job). Empty by default."""
+        return ""
+
+    def sink_mode(self) -> str:
+        """Which contract the runtime drives: ``"transactional"`` or ``"idempotent"``. Only a
+        sink that implements both needs to override it (usually from a ``mode`` option); such a
+        sink is driven as idempotent by default."""
+        if isinstance(self, TransactionalSink) and not isinstance(self, IdempotentSink):
+            return "transactional"
+        return "idempotent"
+
     def check(self, schema: Schema) -> None:
-        """Called once on the driver before the job starts: fail with a clear error on bad
-        options, an unreachable server, a missing table or columns that do not fit."""
+        """Called on the driver at the start of every run, before its first batch: fail with a
+        clear error on bad options, an unreachable server (raise
+        :func:`~epochal_sdk.errors.unreachable`), a missing table or columns that do not fit."""
 
     def close(self) -> None:
         """Release connections."""

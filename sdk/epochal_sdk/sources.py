@@ -53,9 +53,16 @@ class Source(ABC):
         """The strongest guarantee this source can give with these options and this server."""
         return self.MAX_GUARANTEE
 
+    def guarantee_reason(self) -> str:
+        """Why :meth:`max_guarantee` is below exactly-once, if it is (shown when the runtime
+        refuses or downgrades the job). Empty by default."""
+        return ""
+
     def check(self) -> None:
-        """Called once on the driver before the job starts: fail here, with a clear error, on
-        bad options, a missing topic or table, an unreachable server."""
+        """Called on the driver at the start of every run, before its first batch: fail here,
+        with a clear error, on bad options, a missing topic or table, an unreachable server
+        (raise :func:`~epochal_sdk.errors.unreachable`: it fails a job that starts and
+        restarts a job that ran)."""
 
     def close(self) -> None:
         """Release connections. Called when the source is no longer needed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -352,3 +353,38 @@ def test_splits_skip_a_partition_that_joins_in_this_batch() -> None:
     end = {"0": 5, "1": 0}
     assert source.splits(start, end) == [Split("0", 3, 5)]
     assert source.splits(end, {"0": 5, "1": 4}) == [Split("1", 0, 4)]
+
+
+# -- which sink contract the runtime drives ------------------------------------------------
+
+
+class _TwoPhaseOnly(TransactionalSink):
+    def begin(self, task: TaskContext) -> Any:
+        raise NotImplementedError
+
+    def commit(self, prepared: Any) -> None: ...
+
+    def rollback(self, prepared: Any) -> None: ...
+
+    def in_doubt(self, prefix: str) -> list[Any]:
+        return []
+
+
+class _UpsertOnly(IdempotentSink):
+    def key_columns(self) -> tuple[str, ...]:
+        return ("id",)
+
+    def open(self, task: TaskContext) -> Any:
+        raise NotImplementedError
+
+
+class _Both(_TwoPhaseOnly, _UpsertOnly):
+    pass
+
+
+def test_the_default_sink_mode_is_the_contract_a_sink_implements() -> None:
+    options = Options({})
+    assert _TwoPhaseOnly(options).sink_mode() == "transactional"
+    assert _UpsertOnly(options).sink_mode() == "idempotent"
+    assert _Both(options).sink_mode() == "idempotent"  # both: override to choose
+    assert _TwoPhaseOnly(options).guarantee_reason() == ""

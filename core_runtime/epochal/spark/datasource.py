@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.types import StructType
@@ -24,6 +24,8 @@ from epochal_sdk import (
     ConfigError,
     IdempotentSink,
     ReplayableSource,
+    Sink,
+    Source,
     TransactionalSink,
 )
 from epochal_sdk.errors import STARTING_ENV
@@ -143,10 +145,9 @@ def _job_start_checks(context: JobContext, first_plan: bool = True) -> Iterator[
             os.environ[STARTING_ENV] = previous
 
 
-def _reason(part: Any) -> str:
-    """Why a connector gives less than exactly-once (its optional ``guarantee_reason()``)."""
-    explain = getattr(part, "guarantee_reason", None)
-    return str(explain() or "") if callable(explain) else ""
+def _reason(part: Source | Sink) -> str:
+    """Why a connector gives less than exactly-once (its ``guarantee_reason()``)."""
+    return str(part.guarantee_reason() or "")
 
 
 def _planned_key(part: Part) -> str:
@@ -179,20 +180,21 @@ def _trace(message: str) -> None:
         fh.write(f"{message}\n")
 
 
-def _sink_mode(part: Part, sink: Any) -> str:
-    transactional = isinstance(sink, TransactionalSink)
-    idempotent = isinstance(sink, IdempotentSink)
-    if transactional and idempotent:
-        mode = sink.sink_mode() if hasattr(sink, "sink_mode") else "idempotent"
-    elif transactional:
-        mode = "transactional"
-    elif idempotent:
-        mode = "idempotent"
-    else:
+def _sink_mode(part: Part, sink: Sink) -> str:
+    if not isinstance(sink, TransactionalSink | IdempotentSink):
         raise TypeError(f"{part.label}: {type(sink).__name__} implements no sink contract")
-    if mode not in ("transactional", "idempotent"):
+    mode = sink.sink_mode()
+    supported = [
+        name
+        for name, contract in (("transactional", TransactionalSink), ("idempotent", IdempotentSink))
+        if isinstance(sink, contract)
+    ]
+    if mode not in supported:
         raise ConfigError(
-            part.connector, "mode", f"{mode!r} is unknown", "Use one of: transactional, idempotent."
+            part.connector,
+            "mode",
+            f"{mode!r} is not a contract {type(sink).__name__} implements",
+            f"Use one of: {', '.join(supported)}.",
         )
     return mode
 
