@@ -27,6 +27,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+HOST = "127.0.0.1"
+"""Every local server listens on loopback only."""
+
 #: Exceptions that mean "bug or missing package", never "server not ready yet".
 FATAL_ERRORS: tuple[type[BaseException], ...] = (
     AttributeError,

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ._process import (
+    HOST,
     HarnessError,
     ManagedProcess,
     PrerequisiteError,
@@ -31,7 +32,6 @@ from ._process import (
 from .cache import artemis_home, artemis_version, require_java
 from .server import ExternalBackend, LocalBackend, Server
 
-HOST = "127.0.0.1"
 USER = "epochal"
 PASSWORD = "epochal"
 QUEUE_PREFIX = "/queue/"

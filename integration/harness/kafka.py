@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._process import (
+    HOST,
     HarnessError,
     ManagedProcess,
     PrerequisiteError,
@@ -30,7 +31,6 @@ from ._process import (
 from .cache import kafka_classpath, kafka_version, require_java
 from .server import Backend, ExternalBackend, LocalBackend, Server
 
-HOST = "127.0.0.1"
 READY_TOPIC = "__epochal_ready"
 JVM_OPTS = [
     "-Xms128m",

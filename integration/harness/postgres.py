@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ._process import (
+    HOST,
     HarnessError,
     ManagedProcess,
     PrerequisiteError,
@@ -31,7 +32,6 @@ from ._process import (
 )
 from .server import ExternalBackend, LocalBackend, Server
 
-HOST = "127.0.0.1"
 SUPERUSER = "epochal"
 PASSWORD = "epochal"
 MAX_PREPARED_TRANSACTIONS = 64
