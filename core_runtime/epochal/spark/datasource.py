@@ -73,19 +73,18 @@ class EpochalDataSource(DataSource):
         part = self._part()
         with _job_start_checks(self.context):
             source = part.build_source()
-        try:
-            with _job_start_checks(self.context):
+            try:
                 source.check()
-            part.guarantee = guarantees.effective(
-                self.context.guarantee,
-                source.max_guarantee(),
-                part=f"source {part.label}",
-                options=self.options,
-                allow_downgrade=self.context.allow_downgrade,
-                why=_reason(source),
-            )
-        finally:
-            source.close()
+                part.guarantee = guarantees.effective(
+                    self.context.guarantee,
+                    source.max_guarantee(),
+                    part=f"source {part.label}",
+                    options=self.options,
+                    allow_downgrade=self.context.allow_downgrade,
+                    why=_reason(source),
+                )
+            finally:
+                source.close()
         part.record("source", {"contract": type(source).__mro__[1].__name__})
         if isinstance(source, ReplayableSource):
             return ReplayableReader(part, schema)
@@ -99,29 +98,26 @@ class EpochalDataSource(DataSource):
         first_plan = _planning_worker() and _first_plan_of_run(part)
         with _job_start_checks(self.context, first_plan):
             sink = part.build_sink()
-        try:
-            mode = _sink_mode(part, sink)
-            with _job_start_checks(self.context, first_plan):
-                capable = sink.max_guarantee()
-            part.guarantee = guarantees.effective(
-                self.context.guarantee,
-                capable,
-                part=f"sink {part.label}",
-                options=self.options,
-                allow_downgrade=self.context.allow_downgrade,
-                why=_reason(sink),
-            )
-            if first_plan:
-                _trace(f"planning {part.label} (run {part.context.run})")
-                with _job_start_checks(self.context):
+            try:
+                mode = _sink_mode(part, sink)
+                part.guarantee = guarantees.effective(
+                    self.context.guarantee,
+                    sink.max_guarantee(),
+                    part=f"sink {part.label}",
+                    options=self.options,
+                    allow_downgrade=self.context.allow_downgrade,
+                    why=_reason(sink),
+                )
+                if first_plan:
+                    _trace(f"planning {part.label} (run {part.context.run})")
                     sink.check(fields)
-                part.record("sink", {"contract": mode})
-                if mode == "transactional":
-                    report = two_phase(part, sink).recover()
-                    _trace(f"{part.label}: recovery at query start: {report}")
-                _mark_planned(part)
-        finally:
-            sink.close()
+                    part.record("sink", {"contract": mode})
+                    if mode == "transactional":
+                        report = two_phase(part, sink).recover()
+                        _trace(f"{part.label}: recovery at query start: {report}")
+                    _mark_planned(part)
+            finally:
+                sink.close()
         if mode == "transactional":
             return TransactionalWriter(part, fields)
         return IdempotentWriterAdapter(part, fields)
