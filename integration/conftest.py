@@ -15,4 +15,8 @@ from integration.harness.plugin import (  # noqa: F401 - re-exported as conftest
     postgres_server,
     pytest_configure,
     pytest_runtest_makereport,
+    s3_bucket,
+    s3_server,
+    spark_cluster,
+    spark_connect_server,
 )

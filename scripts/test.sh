@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, with a per-phase time summary. Used by `make test` and `.ci/run`.
+# The whole test suite, with a per-phase time summary. Used by `make test` and `.ci/run`;
+# arguments go to pytest (make test PYTEST_ARGS="tests/unit -x").
+# Tools run as "$PYTHON" -m <tool>: console scripts need not be on PATH (see the Makefile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -18,6 +20,9 @@ summary() {
 trap summary EXIT
 
 phase "python packages" "$PYTHON" scripts/install.py
+# the interpreter that has the packages: $PYTHON, or .venv for an externally managed Python
+PYTHON="$("$PYTHON" scripts/install.py --python)"
+export PYTHON
 phase "integration prerequisites" bash .ci/install-integration
-phase "lint (ruff)" ruff check .
+phase "lint (ruff)" "$PYTHON" -m ruff check .
 phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=15 "$@"

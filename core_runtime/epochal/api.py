@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epochal.config import JobConfig
+from epochal.drivers import DriverPool
 from epochal.jobs import JobDirectory, JobRecord
 from epochal.jobs import list_jobs as _list_jobs
 from epochal.supervisor import Supervisor, request, submit
@@ -34,20 +35,27 @@ class Job:
         replace: bool = False,
         report: Callable[[str], None] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
+        pool: DriverPool | None = None,
     ) -> Job:
         """Submit the job and start supervising it in a background thread of this process.
 
         ``target`` is ``"module:function"`` (or such a function): it gets a SparkSession and
         returns ``df.writeStream...`` (not started); it is called again on every restart.
+        ``pool`` gives warm drivers to start from (see :class:`epochal.drivers.DriverPool`).
         """
         config = config or JobConfig()
         submit(name, target, config, replace=replace)
         job = cls(name, config.snapshot_dir)
-        job._start(report, on_progress)
+        job._start(report, on_progress, pool)
         return job
 
-    def _start(self, report: Callable[[str], None] | None, on_progress: Any = None) -> None:
-        kwargs: dict[str, Any] = {"on_progress": on_progress}
+    def _start(
+        self,
+        report: Callable[[str], None] | None,
+        on_progress: Any = None,
+        pool: DriverPool | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"on_progress": on_progress, "pool": pool}
         if report is not None:
             kwargs["report"] = report
         self._supervisor = Supervisor(self.jobdir, **kwargs)
@@ -85,9 +93,12 @@ class Job:
         """Stop the job, keeping its snapshots so it can resume."""
         return request(self.jobdir, "suspend")
 
-    def resume(self, report: Callable[[str], None] | None = None) -> Job:
-        """Supervise a suspended (or orphaned) job again, from its last snapshot."""
-        self._start(report)
+    def resume(
+        self, report: Callable[[str], None] | None = None, pool: DriverPool | None = None
+    ) -> Job:
+        """Supervise a suspended (or orphaned) job again, from its last snapshot. If another
+        supervisor still holds the job's lease, wait for it to expire (or to be released)."""
+        self._start(report, pool=pool)
         return self
 
     def verify(self) -> list[str]:

@@ -1,4 +1,8 @@
-"""The ``epochal`` command: run jobs, manage them, list connectors, run the demo."""
+"""The ``epochal`` command: run jobs, manage them, list connectors, run the demo.
+
+Run it as ``python -m epochal`` (always works) or ``epochal`` (the console script, when pip's
+script directory is on PATH).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,33 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Any
 
 from epochal_sdk import EpochalError
 
 DEFAULT_SNAPSHOT_DIR = os.environ.get("EPOCHAL_SNAPSHOT_DIR", "./epochal-snapshots")
+CONNECT_DOC = "docs/spark-connect.md"
+
+
+def version_text() -> str:
+    """``epochal <v> (epochal-sdk <v>, pyspark <v>, Python <v> at <interpreter>)``."""
+    from importlib import metadata
+
+    def installed(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    python = sys.version.split()[0]
+    return (
+        f"epochal {installed('epochal')} (epochal-sdk {installed('epochal-sdk')}, "
+        f"pyspark {installed('pyspark')}, Python {python} at {sys.executable})"
+    )
+
+
+class CommandError(Exception):
+    """A mistake on the command line: the message says what is wrong and what to do."""
 
 
 def _connectors(args: argparse.Namespace) -> int:
@@ -55,7 +80,14 @@ def _describe(cls: Any) -> dict[str, Any]:
 def _config(args: argparse.Namespace) -> Any:
     from epochal.config import JobConfig
 
-    conf = dict(item.split("=", 1) for item in args.conf or [])
+    conf = {}
+    for item in args.conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(
+                f"--conf {item!r} is not KEY=VALUE. Write e.g. --conf spark.executor.memory=2g"
+            )
+        conf[key.strip()] = value
     return JobConfig(
         guarantee=args.guarantee,
         snapshot_interval=args.interval,
@@ -67,6 +99,8 @@ def _config(args: argparse.Namespace) -> Any:
         master=args.master,
         spark_conf=conf,
         faults=args.faults or "",
+        lease_ttl=args.lease_ttl,
+        standby=args.standby,
     )
 
 
@@ -76,12 +110,36 @@ def _progress(line: dict[str, Any]) -> None:
     )
 
 
+def _refuse_spark_connect(master: str) -> None:
+    """``epochal run`` starts and supervises its own Spark driver: Spark Connect is no
+    master it can start, and with ``SPARK_REMOTE`` set the driver's session would fail."""
+    if master.strip().lower().startswith("sc://"):
+        raise CommandError(
+            f"--master {master!r} is a Spark Connect URL, but the supervisor runs its own Spark "
+            "driver. Give a Spark master (local[2], spark://host:7077, yarn, k8s://...), or run "
+            "the query from your Spark Connect client with format('epochal.<name>') and the "
+            f"epochal.* options: see {CONNECT_DOC}"
+        )
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        raise CommandError(
+            f"SPARK_REMOTE={remote} is set (Spark Connect), but the supervisor runs its own Spark "
+            "driver, whose session cannot also be a Spark Connect client. Unset it for this "
+            f"command (env -u SPARK_REMOTE python -m epochal ...); see {CONNECT_DOC}"
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     from epochal.supervisor import submit
 
+    _refuse_spark_connect(args.master)
     sys.path.insert(0, os.getcwd())
     jobdir = submit(args.name, args.target, _config(args), replace=args.replace)
     return _supervise(jobdir, force=False)
+
+
+EXIT_TAKEN_OVER = 3
+"""Exit code of a supervisor whose job was taken over by another supervisor."""
 
 
 def _supervise(jobdir: Any, force: bool) -> int:
@@ -91,6 +149,14 @@ def _supervise(jobdir: Any, force: bool) -> int:
     supervisor = Supervisor(jobdir, force=force, on_progress=_progress)
     try:
         record = supervisor.run()
+        if supervisor.lost.is_set():
+            print(
+                f"[{jobdir.name}] another supervisor took this job over (its lease moved on); "
+                "this one stopped its drivers and exits. `python -m epochal jobs status "
+                f"{jobdir.name} --snapshot-dir {jobdir.snapshot_dir}` shows who runs it.",
+                file=sys.stderr,
+            )
+            return EXIT_TAKEN_OVER
     except KeyboardInterrupt:
         supervisor.stop_child()
         print(
@@ -99,9 +165,22 @@ def _supervise(jobdir: Any, force: bool) -> int:
             file=sys.stderr,
         )
         return 130
-    return (
-        0 if record.status in (JobStatus.COMPLETED, JobStatus.SUSPENDED, JobStatus.CANCELLED) else 1
-    )
+    if record.status in (JobStatus.COMPLETED, JobStatus.SUSPENDED, JobStatus.CANCELLED):
+        return 0
+    where = f"{jobdir.name} --snapshot-dir {jobdir.snapshot_dir}"
+    if record.status == JobStatus.FAILED:
+        hint = (
+            f"the job FAILED; its snapshots are kept. Driver logs: {jobdir.logs}. Fix the "
+            f"cause, then `python -m epochal jobs resume {where}` continues from the last "
+            "snapshot (or run it again with --replace to start over)."
+        )
+    else:
+        hint = (
+            f"this supervisor stopped with the job {record.status.value}; "
+            f"`python -m epochal jobs status {where}` shows who runs it and why."
+        )
+    print(f"[{jobdir.name}] {hint}", file=sys.stderr)
+    return 1
 
 
 def _jobdir(args: argparse.Namespace) -> Any:
@@ -117,30 +196,37 @@ def _jobs(args: argparse.Namespace) -> int:
 
     action = args.action
     if action == "list":
+        from epochal.status import job_status
+
         records = list_jobs(args.snapshot_dir)
         if not records:
             print(f"no jobs in {args.snapshot_dir}")
         for r in records:
+            status = job_status(_jobdir(argparse.Namespace(**{**vars(args), "name": r.name})), r)
             print(
-                f"{r.name:<24} {r.status.value:<11} runs {r.run:<3} restarts {r.restarts:<3} "
+                f"{r.name:<24} {status['status']:<11} runs {r.run:<3} restarts {r.restarts:<3} "
                 f"batch {r.progress.get('batch', '-')}  {r.target}"
             )
         return 0
     if not args.name:
-        raise SystemExit(f"epochal jobs {action}: give the job's name")
+        raise CommandError(
+            f"give the job's name: `python -m epochal jobs {action} NAME "
+            f"--snapshot-dir {args.snapshot_dir}`; `python -m epochal jobs list "
+            f"--snapshot-dir {args.snapshot_dir}` shows the jobs there"
+        )
     jobdir = _jobdir(args)
     if action == "status":
-        record = jobdir.load()
-        out = record.to_json()
-        out["updated_ago_s"] = round(time.time() - record.updated, 1)
-        print(json.dumps(out, indent=2, default=str))
+        from epochal.status import job_status, render
+
+        status = job_status(jobdir)
+        print(json.dumps(status, indent=2, default=str) if args.json else render(status))
         return 0
     if action in ("cancel", "suspend"):
         record = request(jobdir, action)
         print(f"{record.name}: {action} requested; status {record.status.value}")
         return 0
     if action == "resume":
-        jobdir.load()
+        _refuse_spark_connect(jobdir.load().job_config.master)
         return _supervise(jobdir, force=args.force)
     if action == "verify":
         problems = verify_job(jobdir)
@@ -152,7 +238,7 @@ def _jobs(args: argparse.Namespace) -> int:
         checked, _ = jobdir.store.verify()
         print(f"{args.name}: snapshot sound ({checked} entries verified)")
         return 0
-    raise SystemExit(f"unknown action {action}")
+    raise CommandError(f"unknown action {action!r}; see `python -m epochal jobs --help`")
 
 
 def _in_doubt(args: argparse.Namespace) -> int:
@@ -183,39 +269,158 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line."""
-    top = argparse.ArgumentParser(prog="epochal", description=__doc__)
-    sub = top.add_subparsers(dest="command", required=True)
+    """The command line; every option's help says its default."""
+    from epochal.demo import DEFAULT_FAULTS
 
-    p = sub.add_parser("connectors", help="list installed connectors, contracts, guarantees")
-    p.add_argument("--json", action="store_true")
+    top = argparse.ArgumentParser(
+        prog="epochal",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps --version on one line
+        epilog="`python -m epochal COMMAND --help` describes a command's options.",
+    )
+    top.add_argument("--version", action="version", version=version_text())
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "connectors",
+        help="list installed connectors, contracts, guarantees",
+        description="The installed connectors (the `epochal` entry points), the contracts of "
+        "their sources and sinks, the strongest guarantee of each, and packages that failed "
+        "to load.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text (default: off)")
     p.set_defaults(func=_connectors)
 
-    p = sub.add_parser("run", help="run a job (module:function returning df.writeStream...)")
-    p.add_argument("target", help="module:function; it gets a SparkSession")
-    p.add_argument("--name", required=True)
-    p.add_argument(
-        "--guarantee", default="exactly-once", help="exactly-once | at-least-once | none"
+    p = sub.add_parser(
+        "run",
+        help="run a job (module:function returning df.writeStream...)",
+        description="Submit a job and supervise it in this process until it completes, fails, "
+        "is suspended or cancelled (Ctrl-C stops the driver; `jobs resume` continues). The "
+        "driver restarts from the last snapshot after restartable failures.",
     )
-    p.add_argument("--interval", default="1s", help="snapshot (trigger) interval, e.g. 1s")
     p.add_argument(
-        "--available-now", action="store_true", help="process what is there now, then finish"
+        "target",
+        help="module:function, importable from the current directory; the function gets a "
+        "SparkSession and returns df.writeStream... (not started)",
     )
-    p.add_argument("--allow-downgrade", action="store_true")
-    p.add_argument("--max-restarts", type=int, default=10)
-    p.add_argument("--split-brain-protection", action="store_true")
-    p.add_argument("--snapshot-dir", default=DEFAULT_SNAPSHOT_DIR)
-    p.add_argument("--master", default="local[2]")
-    p.add_argument("--conf", action="append", help="Spark setting key=value (repeatable)")
-    p.add_argument("--faults", help="crash points to fire, e.g. sink.after_decision@3 (tests)")
-    p.add_argument("--replace", action="store_true", help="start over: delete the job's snapshots")
+    p.add_argument(
+        "--name",
+        required=True,
+        help="the job's name (required): letters, digits, '-' and '_'; it names the job's "
+        "directory under --snapshot-dir and prefixes its transaction ids",
+    )
+    p.add_argument(
+        "--guarantee",
+        default="exactly-once",
+        help="processing guarantee: exactly-once, at-least-once or none; the job refuses to "
+        "start when a connector cannot keep it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--interval",
+        default="1s",
+        help="snapshot interval = micro-batch trigger interval, e.g. 500ms, 1s, 2m "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process what the sources hold now, then complete (a bounded run) instead of a "
+        "batch every --interval (default: off)",
+    )
+    p.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="run with a weaker guarantee (logged) when a connector cannot give --guarantee, "
+        "instead of refusing to start (default: off)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=10,
+        help="fail the job after this many restarts in a row without progress "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--split-brain-protection",
+        action="store_true",
+        help="restart only when a quorum (original/2 + 1) of the executors of the first run "
+        "is up (default: off)",
+    )
+    p.add_argument(
+        "--snapshot-dir",
+        default=DEFAULT_SNAPSHOT_DIR,
+        help="where jobs keep their snapshots, Spark checkpoint, record and logs: a directory "
+        "or a pyarrow filesystem URI (default: %(default)s; $EPOCHAL_SNAPSHOT_DIR sets it)",
+    )
+    p.add_argument(
+        "--master",
+        default="local[2]",
+        help="the Spark master of the job's driver: local[N], local-cluster[N,cores,MB], "
+        "spark://host:7077, yarn, k8s://... (default: %(default)s); a Spark Connect URL "
+        f"(sc://) is not one: see {CONNECT_DOC}",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting for the driver's session, e.g. spark.executor.memory=2g; "
+        "repeat it for more (default: none)",
+    )
+    p.add_argument(
+        "--faults",
+        help="crash points to fire, for tests and demos, e.g. sink.after_decision@3 "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="start over: delete an existing job's snapshots first (default: off; without it "
+        "an existing job of the same name, target and settings is continued)",
+    )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="keep a second, warmed-up driver that takes over in seconds when the active one "
+        "dies; costs a second driver's memory and some CPU (default: off)",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        default="20s",
+        help="how long the job's lease lasts without renewal: a driver stops itself after "
+        "half of it without a renewal, another supervisor takes over after all of it "
+        "(default: %(default)s)",
+    )
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("jobs", help="list, status, cancel, suspend, resume, verify")
-    p.add_argument("action", choices=["list", "status", "cancel", "suspend", "resume", "verify"])
-    p.add_argument("name", nargs="?")
-    p.add_argument("--snapshot-dir", default=DEFAULT_SNAPSHOT_DIR)
-    p.add_argument("--force", action="store_true", help="resume: take the lease over")
+    p = sub.add_parser(
+        "jobs",
+        help="list, status, cancel, suspend, resume, verify",
+        description="Manage jobs by name, from any process that sees the snapshot directory.",
+    )
+    p.add_argument(
+        "action",
+        choices=["list", "status", "cancel", "suspend", "resume", "verify"],
+        help="list: every job; status: who runs a job (supervisor, driver, lease), its "
+        "phase and its runs; cancel: stop it and delete its snapshots; suspend: stop it, keep "
+        "the snapshots; resume: run it again from its last snapshot, supervised by this "
+        "process (after the lease of a previous supervisor expired, at once if that one is "
+        "known dead); verify: check its snapshot data",
+    )
+    p.add_argument("name", nargs="?", help="the job's name (every action but list needs it)")
+    p.add_argument(
+        "--snapshot-dir",
+        default=DEFAULT_SNAPSHOT_DIR,
+        help="where the jobs live (default: %(default)s; $EPOCHAL_SNAPSHOT_DIR sets it)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="resume: take the job's lease over from a supervisor that still holds it, "
+        "fencing that one (default: off)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="status: print JSON instead of text (default: off)"
+    )
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser(
@@ -228,26 +433,63 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="list|settle and the tool's options")
     p.set_defaults(func=_in_doubt)
 
-    p = sub.add_parser("demo", help="exactly-once demo on the embedded map, with crashes")
-    p.add_argument("--events", type=int, default=6000)
-    p.add_argument("--faults", default=None)
-    p.add_argument("--dir", default=None, help="keep the demo's files here")
-    p.add_argument("--keep", action="store_true")
-    p.add_argument("--deadline", type=float, default=170.0, help="seconds before giving up")
+    p = sub.add_parser(
+        "demo",
+        help="exactly-once demo on the embedded map, with crashes",
+        description="A journal of events → running totals per user in Spark state → the map "
+        "sink with two-phase commit, exactly-once; the driver is killed (SIGKILL) at crash "
+        "points and restarted from the last snapshot; the summary counts lost and duplicated "
+        "events.",
+    )
+    p.add_argument(
+        "--events",
+        type=int,
+        default=6000,
+        help="events written to the journal while the job runs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--faults",
+        default=DEFAULT_FAULTS,
+        help="crash points that kill the driver, point@batch,...; '' for none "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--dir",
+        default=None,
+        help="work in this directory and keep it (default: a temporary directory, deleted "
+        "at the end)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory and print where it is (default: off)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=170.0,
+        help="seconds before the demo gives up waiting for the job (default: %(default)s)",
+    )
     p.set_defaults(func=_demo)
     return top
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point."""
-    args = parser().parse_args(argv)
-    if getattr(args, "faults", None) is None and args.command == "demo":
-        from epochal.demo import DEFAULT_FAULTS
+def _where(args: argparse.Namespace) -> str:
+    """``epochal run (job 'x')``: the command, and the job when there is one."""
+    command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+    name = getattr(args, "name", None)
+    return f"epochal {command}" + (f" (job {name!r})" if name else "")
 
-        args.faults = DEFAULT_FAULTS
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``epochal`` and ``python -m epochal``."""
+    args = parser().parse_args(argv)
     try:
         code = args.func(args)
+    except CommandError as exc:
+        print(f"{_where(args)}: {exc}", file=sys.stderr)
+        code = 2
     except EpochalError as exc:
-        print(f"epochal: {exc}", file=sys.stderr)
+        print(f"{_where(args)}: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)

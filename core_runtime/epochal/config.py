@@ -50,6 +50,11 @@ class JobConfig:
         master: the Spark master (``local[2]``, ``local-cluster[2,1,1024]``, a cluster URL).
         spark_conf: extra Spark settings.
         faults: crash points to fire (tests and the demo), e.g. ``"sink.after_decision@3"``.
+        lease_ttl: seconds a supervisor's lease lasts without renewal. A driver stops itself
+            when its lease was not renewed for half of it; another supervisor takes the job
+            over only after all of it (or at once when it knows the old one is dead).
+        standby: keep a second, warmed-up driver waiting to take over when the active one
+            dies (recovery in seconds; costs a second JVM's memory and some CPU).
     """
 
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
@@ -65,6 +70,8 @@ class JobConfig:
     master: str = "local[2]"
     spark_conf: dict[str, str] = field(default_factory=dict)
     faults: str = ""
+    lease_ttl: float = 20.0
+    standby: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -82,6 +89,14 @@ class JobConfig:
         self.snapshot_interval = parse_duration(self.snapshot_interval, "snapshot_interval")
         self.restart_backoff = parse_duration(self.restart_backoff, "restart_backoff")
         self.max_restart_backoff = parse_duration(self.max_restart_backoff, "max_restart_backoff")
+        self.lease_ttl = parse_duration(self.lease_ttl, "lease_ttl")
+        if self.lease_ttl < 2:
+            raise ConfigError(
+                "job",
+                "lease_ttl",
+                f"{self.lease_ttl}s is too short to renew a lease in",
+                "Give 2s or more (default 20s).",
+            )
         if self.snapshot_interval <= 0:
             raise ConfigError(
                 "job", "snapshot_interval", "must be above zero", "Give e.g. 1s or 500ms."

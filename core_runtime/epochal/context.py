@@ -1,9 +1,15 @@
-"""JobContext: who is running (job, run, guarantee, store) as seen by the connectors.
+"""JobContext: who is running (job, run, lease epoch, guarantee, store) as seen by the
+connector adapters.
 
-The driver process sets it in its environment before Spark starts, so the Python workers of
-the driver JVM inherit it. The data source captures it on the driver and carries it, pickled,
-to the executors. A query started without ``epochal run`` can give the same through options
-(``epochal.job``, ``epochal.snapshotDir``, ``epochal.guarantee``).
+Under ``epochal run`` each driver run has a token and a directory of run records in its
+environment, which its JVM and every Python worker inherit; the run's record
+(:func:`~epochal.fence.read_run_record`) says which job it runs, at which lease epoch, as
+which run. A data source reads it when it is created, so a driver that restarts its query in
+place, or a warm driver (a standby, a driver of a pool) that learns its job only when it is
+promoted, hands the right values to its data sources without a new JVM. The data source
+captures the context on the driver and carries it, pickled, to the executors. A query
+started without ``epochal run`` gives the same through options (``epochal.job``,
+``epochal.snapshotDir``, ``epochal.guarantee``) or the environment.
 """
 
 from __future__ import annotations
@@ -14,20 +20,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epochal.faults import FaultPlan
+from epochal.fence import RUN_DIR_ENV, Fence, read_run_record, state_dir
+from epochal.processes import RUN_TOKEN_ENV
 from epochal.store import SnapshotStore
-from epochal_sdk import ConfigError, Guarantee
+from epochal_sdk import ConfigError, FencedError, Guarantee
 
 ENV_JOB = "EPOCHAL_JOB"
 ENV_JOB_DIR = "EPOCHAL_JOB_DIR"
 ENV_GUARANTEE = "EPOCHAL_GUARANTEE"
 ENV_ALLOW_DOWNGRADE = "EPOCHAL_ALLOW_DOWNGRADE"
-ENV_RUN = "EPOCHAL_RUN"
-ENV_LEASE_EPOCH = "EPOCHAL_LEASE_EPOCH"
 ENV_FAULTS = "EPOCHAL_FAULTS"
 
 
 def job_dir(snapshot_dir: str, job: str) -> str:
-    """Where one job's checkpoint, store, records and logs live."""
+    """Where one job's records, state and logs live."""
     return f"{snapshot_dir.rstrip('/')}/{job}"
 
 
@@ -46,7 +52,21 @@ class JobContext:
 
     @classmethod
     def current(cls, options: Mapping[str, str] | None = None) -> JobContext:
-        """The context from the environment of an epochal driver, overridden by options."""
+        """The context of the driver run this process belongs to (its run record), or for a
+        query started without ``epochal run``, the one its options and environment give."""
+        record = cls._run_record()
+        if record is not None:
+            directory = str(record["job_dir"])
+            return cls(
+                job=str(record["job"]),
+                job_dir=directory,
+                guarantee=Guarantee.parse(record["guarantee"]),
+                allow_downgrade=bool(record.get("allow_downgrade")),
+                run=int(record["run"]),
+                lease_epoch=int(record["epoch"]),
+                faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/faults"),
+                supervised=True,
+            )
         opts = {k.lower(): v for k, v in (options or {}).items()}
         env = os.environ
         job = opts.get("epochal.job") or env.get(ENV_JOB) or "default"
@@ -56,7 +76,6 @@ class JobContext:
         guarantee = Guarantee.parse(
             opts.get("epochal.guarantee") or env.get(ENV_GUARANTEE) or "exactly-once"
         )
-        run = int(env.get(ENV_RUN) or 0) or int(time.time())
         faults_text = opts.get("epochal.faults") or env.get(ENV_FAULTS, "")
         marker_dir = f"{directory}/faults" if directory else None
         return cls(
@@ -65,15 +84,47 @@ class JobContext:
             guarantee=guarantee,
             allow_downgrade=(env.get(ENV_ALLOW_DOWNGRADE) == "1")
             or opts.get("epochal.allowdowngrade", "").lower() == "true",
-            run=run,
-            lease_epoch=int(env.get(ENV_LEASE_EPOCH) or 0),
+            run=int(time.time()),
             faults=FaultPlan.parse(faults_text, marker_dir),
-            supervised=ENV_JOB in env,
         )
 
-    def store(self, needed_by: str) -> SnapshotStore:
-        """The job's snapshot store; a clear error if the query runs without one."""
+    @staticmethod
+    def _run_record() -> dict | None:
+        token, run_dir = os.environ.get(RUN_TOKEN_ENV), os.environ.get(RUN_DIR_ENV)
+        if not token or not run_dir:
+            return None
+        record = read_run_record(run_dir, token)
+        if record is None:
+            raise FencedError(
+                f"driver run {token}: its run record is gone from {run_dir}: the run ended or "
+                "was taken over, so nothing of it may start now"
+            )
+        return record
+
+    @property
+    def fence(self) -> Fence:
+        """The fencing check of this run (inactive outside ``epochal run``)."""
+        return Fence(self.job_dir if self.supervised else None, self.lease_epoch)
+
+    def check_fence(self, doing: str) -> None:
+        """Raise ``FencedError`` if another driver owns the job now."""
+        self.fence.check(doing)
+
+    @property
+    def state_dir(self) -> str | None:
+        """Where this run's state lives: the live epoch's directory under ``epochal run``,
+        the job directory itself for a query started without it."""
         if not self.job_dir:
+            return None
+        if self.supervised and self.lease_epoch > 0:
+            return state_dir(self.job_dir, self.lease_epoch)
+        return self.job_dir
+
+    def store(self, needed_by: str) -> SnapshotStore:
+        """The run's snapshot store; a clear error if the query runs without one. Under a
+        lease it is anchored to the epoch's directory: a fenced run cannot write."""
+        directory = self.state_dir
+        if not directory:
             raise ConfigError(
                 needed_by,
                 "epochal.snapshotDir",
@@ -81,7 +132,15 @@ class JobContext:
                 "Run the query with `epochal run` / epochal.Job, "
                 "or set .option('epochal.snapshotDir', <directory>)",
             )
-        return SnapshotStore(f"{self.job_dir}/store")
+        anchor = directory if self.fence.active else None
+        return SnapshotStore(f"{directory}/store", anchor=anchor)
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Spark's checkpoint of this run, when it is epochal's to know (supervised)."""
+        if self.supervised and self.state_dir:
+            return f"{self.state_dir}/checkpoint"
+        return None
 
     def reach(self, point: str, batch: int | None = None) -> None:
         """A protocol step: fire the crash point if the fault plan names it."""

@@ -128,13 +128,20 @@ def run(
         faults=faults,
         restart_backoff=0.5,
     )
-    seen = {"rows": 0}
+    seen = {"rows": 0, "run": 1}
 
     def progress(line: dict[str, Any]) -> None:
         seen["rows"] += int(line["rows"])
+        note = ""
+        if int(line["run"]) != seen["run"]:  # the first batch since a restart
+            seen["run"] = int(line["run"])
+            note = (
+                "; restarted from the last snapshot: a batch the crash interrupted is read "
+                "again, its commit decision is not made twice"
+            )
         say(
             f"run {line['run']} batch {line['batch']:>3}: {line['rows']:>5} events "
-            f"({seen['rows']} read so far, some re-read after a restart)"
+            f"({seen['rows']} read so far{note})"
         )
 
     job = Job.submit(

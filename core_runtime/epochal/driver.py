@@ -1,14 +1,27 @@
-"""The driver: one run of a job, as a child process of the supervisor.
+"""The driver: the runs of a job's query, in a child process of the supervisor.
 
-``python -m epochal.driver <snapshot_dir> <job>`` builds the SparkSession, checks the quorum,
-rebuilds the query from the user's function, points it at the job's checkpoint, runs it, and
-reports progress into the job record. It exits with :data:`EXIT_DONE` (finished, or stopped
-on request), :data:`EXIT_RESTARTABLE` or :data:`EXIT_FATAL`; a hard kill is seen by the
-supervisor as a signal and treated as restartable.
+``python -m epochal.driver --profile P --epoch N <snapshot_dir> <job>`` builds the
+SparkSession of the session profile ``P``, checks the quorum, rebuilds the query from the
+user's function, points it at the checkpoint of its lease epoch, runs it and reports
+progress. With ``--standby`` it builds the session, warms it up and waits for the supervisor
+to promote it (a line ``promote <epoch> <snapshot_dir> <job>`` on stdin): a standby of one
+job, or a warm driver of a pool that any job with the same profile can take.
+
+A restartable failure that leaves the driver healthy (a lost server, a crashed Python worker,
+a lost executor) restarts the query *in place*: same JVM, same SparkSession, a new run, with
+the job's backoff and restart limit. Everything else ends the process: :data:`EXIT_DONE`
+(finished or stopped on request), :data:`EXIT_RESTARTABLE` (a new driver can recover),
+:data:`EXIT_FENCED` (another driver owns the job) or :data:`EXIT_FATAL`.
+
+A driver never outlives its supervisor or its lease: it dies with its parent (the kernel's
+parent-death signal, and its stdin closing), and a watchdog thread kills the whole run (every
+process with the run's token) when the lease moved to another epoch or was not renewed for
+half its time-to-live, so it has stopped before any other driver may take over.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import importlib
@@ -16,35 +29,155 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
+from epochal import processes
 from epochal.context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
     ENV_GUARANTEE,
     ENV_JOB,
     ENV_JOB_DIR,
-    ENV_LEASE_EPOCH,
-    ENV_RUN,
 )
-from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, classify
-from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord
+from epochal.failures import (
+    EXIT_DONE,
+    EXIT_FATAL,
+    EXIT_FENCED,
+    EXIT_RESTARTABLE,
+    FENCED,
+    Failure,
+    identify,
+)
+from epochal.faults import FaultPlan
+from epochal.fence import RUN_DIR_ENV, Fence, state_dir, write_run_record
+from epochal.jobs import LEASE_TTL, PROGRESS_PREFIX, JobDirectory, JobRecord, JobStatus
+from epochal.registry import EXTRA_PLUGINS_ENV
+from epochal.store import SnapshotStore
+from epochal_sdk import FencedError
 from epochal_sdk.errors import STARTING_ENV
 
 log = logging.getLogger("epochal.driver")
 
-
 QUORUM_WAIT_ENV = "EPOCHAL_QUORUM_WAIT_SECONDS"
 """How long a restart waits for the split-brain quorum of executors (default 30 s)."""
+HEARTBEAT_SECONDS = 1.0
+"""How often a driver tells its supervisor it is alive."""
 
 
 class QuorumNotMetError(Exception):
     """Fewer executors than the split-brain quorum; retry later."""
 
 
+# -- talking to the supervisor ---------------------------------------------------------------
+_OUT = threading.Lock()
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One event line for the supervisor (progress, heartbeat, ready, run)."""
+    line = PROGRESS_PREFIX + json.dumps(event)
+    with _OUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def self_destruct(reason: str) -> None:
+    """Kill every process of this driver run (PySpark daemons and workers included), then
+    this one. Used when the run must stop *now*: fenced, orphaned, lease not renewed."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"epochal driver: {reason}; killing this driver run\n")
+        sys.stderr.flush()
+    token = os.environ.get(processes.RUN_TOKEN_ENV, "")
+    for pid in processes.processes_of(token):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _heartbeat() -> None:
+    while True:
+        emit({"type": "heartbeat", "at": time.time()})
+        time.sleep(HEARTBEAT_SECONDS)
+
+
+class Supervision:
+    """What the driver gets from its supervisor: stdin (promotion; EOF = the supervisor is
+    gone) and the parent-death signal."""
+
+    def __init__(self) -> None:
+        self.supervisor_pid = int(os.environ.get(processes.SUPERVISOR_PID_ENV, os.getppid()))
+        self._promotion: tuple[int, str, str] | None = None
+        self._promoted = threading.Event()
+
+    def start(self) -> None:
+        processes.die_with_parent(signal.SIGKILL)
+        if os.getppid() != self.supervisor_pid:
+            self_destruct("the supervisor died before this driver started")
+        threading.Thread(target=self._read_stdin, name="epochal-stdin", daemon=True).start()
+        threading.Thread(target=_heartbeat, name="epochal-heartbeat", daemon=True).start()
+
+    def _read_stdin(self) -> None:
+        for line in sys.stdin:
+            message = json.loads(line) if line.strip().startswith("{") else {}
+            if message.get("promote"):
+                self._promotion = (
+                    int(message["epoch"]),
+                    str(message["snapshot_dir"]),
+                    str(message["job"]),
+                )
+                self._promoted.set()
+        self_destruct("the supervisor is gone (its pipe closed)")
+
+    def wait_for_promotion(self) -> tuple[int, str, str]:
+        """Block until the supervisor promotes this warm driver: the lease epoch it runs at,
+        and the job (snapshot directory, name)."""
+        self._promoted.wait()
+        assert self._promotion is not None
+        return self._promotion
+
+
+class LeaseWatchdog:
+    """Stops the whole driver run as soon as it may no longer act: the lease moved to another
+    epoch, or it was not renewed (or could not be read) for half its time-to-live, which is
+    before any other supervisor may take the job over."""
+
+    def __init__(self, jobdir: JobDirectory, epoch: int, supervisor_pid: int) -> None:
+        self.jobdir, self.epoch, self.supervisor_pid = jobdir, epoch, supervisor_pid
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="epochal-lease-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        last_ok = time.monotonic()
+        while True:
+            lease = None
+            with contextlib.suppress(Exception):
+                lease = self.jobdir.lease()
+            ttl = float((lease or {}).get("ttl", LEASE_TTL))
+            margin = ttl / 2
+            if os.getppid() != self.supervisor_pid:
+                self_destruct("the supervisor died")
+            if lease is not None:
+                if int(lease["epoch"]) != self.epoch:
+                    self_destruct(
+                        f"fenced: the job's lease moved from epoch {self.epoch} to "
+                        f"{lease['epoch']} (pid {lease.get('pid')})"
+                    )
+                age = time.time() - float(lease["renewed"])
+                if age > margin:
+                    self_destruct(f"the lease was not renewed for {age:.1f}s (limit {margin}s)")
+                last_ok = time.monotonic()
+            elif time.monotonic() - last_ok > margin:
+                self_destruct(f"the lease could not be read for {margin}s")
+            time.sleep(min(0.5, ttl / 20))
+
+
+# -- the session ---------------------------------------------------------------------------
 def load_target(target: str) -> Any:
     """Import ``module:function``."""
     module_name, _, attr = target.partition(":")
@@ -57,7 +190,7 @@ def load_target(target: str) -> Any:
     return obj
 
 
-def _environment(record: JobRecord, jobdir: JobDirectory, epoch: int) -> None:
+def _environment(record: JobRecord, jobdir: JobDirectory) -> None:
     config = record.job_config
     os.environ.update(
         {
@@ -65,21 +198,12 @@ def _environment(record: JobRecord, jobdir: JobDirectory, epoch: int) -> None:
             ENV_JOB_DIR: jobdir.path,
             ENV_GUARANTEE: config.guarantee.label,
             ENV_ALLOW_DOWNGRADE: "1" if config.allow_downgrade else "0",
-            ENV_RUN: str(record.run),
-            ENV_LEASE_EPOCH: str(epoch),
             ENV_FAULTS: config.faults,
-            STARTING_ENV: "0",  # the data source says when a check is the job's start
-            "EPOCHAL_DRIVER_PGID": str(os.getpgid(0)),
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
     )
     for entry in reversed(record.python_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [*record.python_path, *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
 
 
 def _expected_executors(master: str) -> int:
@@ -87,14 +211,67 @@ def _expected_executors(master: str) -> int:
     return int(match.group(1)) if match else 1
 
 
-def spark_session(record: JobRecord) -> Any:
-    """A SparkSession for the job (the master, state store and settings of its config)."""
+@dataclass(frozen=True)
+class SessionProfile:
+    """What a driver's SparkSession is made of, fixed when its JVM starts: the master, the
+    Spark settings, the Python path of its workers and the extra plugin modules. A warm
+    driver can run any job whose profile is the same."""
+
+    master: str
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    python_path: tuple[str, ...] = ()
+    plugins: str = ""
+
+    @classmethod
+    def of(cls, record: JobRecord) -> SessionProfile:
+        """The profile a job needs."""
+        config = record.job_config
+        return cls(
+            config.master,
+            tuple(sorted((str(k), str(v)) for k, v in config.spark_conf.items())),
+            tuple(record.python_path),
+            os.environ.get(EXTRA_PLUGINS_ENV, ""),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "master": self.master,
+                "spark_conf": [list(item) for item in self.spark_conf],
+                "python_path": list(self.python_path),
+                "plugins": self.plugins,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SessionProfile:
+        data = json.loads(text)
+        return cls(
+            data["master"],
+            tuple((k, v) for k, v in data["spark_conf"]),
+            tuple(data["python_path"]),
+            data.get("plugins", ""),
+        )
+
+    def environment(self) -> dict[str, str]:
+        """What the driver process's environment must hold before its JVM starts."""
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return {
+            "PYTHONPATH": os.pathsep.join([*self.python_path, *inherited]),
+            EXTRA_PLUGINS_ENV: self.plugins,
+            STARTING_ENV: "0",  # the data source says when a check is the job's start
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
+
+
+def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
+    """A SparkSession for a profile (its master, state store and settings)."""
     from pyspark.sql import SparkSession
 
-    config = record.job_config
     builder = (
-        SparkSession.builder.master(config.master)
-        .appName(f"epochal:{record.name}")
+        SparkSession.builder.master(profile.master)
+        .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config(
@@ -102,14 +279,18 @@ def spark_session(record: JobRecord) -> Any:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config(f"spark.executorEnv.{STARTING_ENV}", "0")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         .config("spark.sql.streaming.stopTimeout", "30s")
     )
-    if config.master.startswith("local-cluster"):
+    token = os.environ.get(processes.RUN_TOKEN_ENV)
+    if token:  # executors' Python workers carry the run token too (kill_run finds them)
+        builder = builder.config(f"spark.executorEnv.{processes.RUN_TOKEN_ENV}", token)
+    if profile.master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "600m").config(
             "spark.task.maxFailures", "4"
         )
-    for key, value in config.spark_conf.items():
+    for key, value in profile.spark_conf:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -132,56 +313,335 @@ def wait_for_executors(spark: Any, wanted: int, seconds: float) -> int:
     return count
 
 
-def checkpoint_manifest(jobdir: JobDirectory, batch: int) -> None:
+def checkpoint_manifest(state: str, batch: int, fence: Fence) -> None:
     """Record the checksums of Spark's offset and commit log entries of ``batch``."""
     entry = {}
     for log_name in ("offsets", "commits"):
-        path = f"{jobdir.checkpoint}/{log_name}/{batch}"
+        path = f"{state}/checkpoint/{log_name}/{batch}"
         try:
             with open(path, "rb") as fh:
                 entry[log_name] = hashlib.sha256(fh.read()).hexdigest()
         except OSError:
             continue
     if entry:
-        jobdir.store.write_json(f"checkpoint/{batch:012d}", entry, count=len(entry))
+        store = SnapshotStore(f"{state}/store", anchor=state if fence.active else None)
+        store.write_json(f"checkpoint/{batch:012d}", entry, count=len(entry))
 
 
-def make_listener(jobdir: JobDirectory, record: JobRecord) -> Any:
+# -- runs ----------------------------------------------------------------------------------
+@dataclass
+class RunState:
+    """The run the driver is on now (shared with the listener's thread)."""
+
+    run: int = 0
+    kind: str = "cold"
+    started: float = 0.0
+    query_run_id: str | None = None
+    first_batch_seen: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Driver:
+    """One driver process: its session, then (once bound to a job) its lease epoch and the
+    runs of the job's query."""
+
+    def __init__(self, supervision: Supervision, profile: SessionProfile) -> None:
+        self.supervision = supervision
+        self.profile = profile
+        self.jobdir: JobDirectory | None = None
+        self.record: JobRecord | None = None
+        self.epoch = 0
+        self.fence = Fence(None, 0)
+        self.faults = FaultPlan()
+        self.current = RunState()
+        self.spark: Any = None
+
+    @property
+    def state(self) -> str:
+        assert self.jobdir is not None
+        return state_dir(self.jobdir.path, self.epoch)
+
+    @property
+    def config(self) -> Any:
+        assert self.record is not None
+        return self.record.job_config
+
+    def main(self, job: tuple[int, str, str] | None, launched: float) -> int:
+        """Start the session; when ``job`` (epoch, snapshot dir, name) is None, warm up and
+        wait to be promoted; then run the job until done. Returns the exit code."""
+        try:
+            from epochal.spark.datasource import register
+
+            self.spark = spark_session(self.profile)
+            register(self.spark)
+            kind = "cold"
+            if job is None:
+                from epochal.spark.warmup import warm_up
+
+                took = warm_up(self.spark)
+                emit({"type": "ready", "warmup_s": round(took, 2)})
+                job = self.supervision.wait_for_promotion()
+                kind, launched = "standby", time.time()
+            build = self._bind(*job)
+            return self._runs(build, kind, launched)
+        except BaseException as exc:
+            text = "".join(traceback.format_exception(exc))
+            return self._fail(text)
+        finally:
+            if self.spark is not None:
+                with contextlib.suppress(Exception):
+                    self.spark.stop()
+
+    def _bind(self, epoch: int, snapshot_dir: str, name: str) -> Any:
+        """Become the driver of job ``name`` at lease ``epoch``: its fence, its watchdog,
+        its listener; returns the job's build function."""
+        self.jobdir = JobDirectory(snapshot_dir, name)
+        self.record = self.jobdir.load()
+        wanted = SessionProfile.of(self.record)
+        if wanted.master != self.profile.master or wanted.spark_conf != self.profile.spark_conf:
+            raise ValueError(
+                f"this driver's session ({self.profile.master}) does not fit job {name!r} "
+                f"({wanted.master}); the supervisor must start a new driver"
+            )
+        _environment(self.record, self.jobdir)
+        self.epoch = epoch
+        self.fence = self.jobdir.fence(epoch)
+        self.faults = FaultPlan.parse(self.record.job_config.faults, f"{self.jobdir.path}/faults")
+        LeaseWatchdog(self.jobdir, epoch, self.supervision.supervisor_pid).start()
+        self.spark.streams.addListener(make_listener(self))
+        return load_target(self.record.target)
+
+    def _runs(self, build: Any, kind: str, started: float) -> int:
+        while True:
+            self._check_quorum()
+            self._begin_run(kind, started)
+            query = self._start_query(build)
+            outcome = self._watch(query)
+            if outcome is None:
+                return EXIT_DONE
+            failure = identify(outcome)
+            if failure.failure is Failure.FATAL or not failure.in_place or not self._healthy():
+                return self._fail(outcome)
+            if not self._restart_in_place(outcome):
+                return EXIT_FATAL
+            kind, started = "in-place", time.time()
+
+    def _check_quorum(self) -> None:
+        assert self.jobdir is not None and self.record is not None
+        wanted = _expected_executors(self.config.master)
+        count = wait_for_executors(self.spark, wanted, 120)
+        with self.jobdir.update(self.fence) as current:
+            if current.original_executors is None:
+                current.original_executors = count
+            original = current.original_executors
+        if self.config.split_brain_protection:
+            quorum = original // 2 + 1
+            count = wait_for_executors(
+                self.spark, quorum, float(os.environ.get(QUORUM_WAIT_ENV, "30"))
+            )
+            if count < quorum:
+                raise QuorumNotMetError(
+                    f"QuorumNotMet: job {self.record.name!r} first ran with {original} "
+                    f"executors; a restart needs {quorum} (split-brain protection) but only "
+                    f"{count} are up"
+                )
+
+    def _begin_run(self, kind: str, started: float) -> None:
+        """A new run: its number, its record (for its data sources), its history entry."""
+        assert self.jobdir is not None and self.record is not None
+        with self.jobdir.update(self.fence) as current:
+            current.run += 1
+            current.status = JobStatus.RECOVERING
+            current.driver = {
+                "pid": os.getpid(),
+                "epoch": self.epoch,
+                "token": os.environ.get(processes.RUN_TOKEN_ENV),
+            }
+            previous = current.runs[-1] if current.runs else None
+            current.add_run(
+                {
+                    "run": current.run,
+                    "epoch": self.epoch,
+                    "kind": kind,
+                    "started": started,
+                    "failed_at": (previous or {}).get("ended"),
+                    "driver_pid": os.getpid(),
+                }
+            )
+            run = current.run
+        config = self.config
+        write_run_record(
+            os.environ[RUN_DIR_ENV],
+            os.environ[processes.RUN_TOKEN_ENV],
+            {
+                "job": self.record.name,
+                "job_dir": self.jobdir.path,
+                "guarantee": config.guarantee.label,
+                "allow_downgrade": config.allow_downgrade,
+                "faults": config.faults,
+                "epoch": self.epoch,
+                "run": run,
+            },
+        )
+        with self.current.lock:
+            self.current.run, self.current.kind, self.current.started = run, kind, started
+            self.current.first_batch_seen = False
+            self.current.query_run_id = None
+        emit({"type": "run", "run": run, "kind": kind, "epoch": self.epoch})
+
+    def _start_query(self, build: Any) -> Any:
+        assert self.record is not None
+        writer = build(self.spark)
+        if not hasattr(writer, "start"):
+            raise TypeError(
+                f"{self.record.target} returned {type(writer).__name__}; it must return "
+                "df.writeStream... (a DataStreamWriter, not started)"
+            )
+        writer = writer.option("checkpointLocation", f"{self.state}/checkpoint").queryName(
+            self.record.name
+        )
+        if self.config.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{int(self.config.snapshot_interval * 1000)} milliseconds"
+            )
+        query = writer.start()
+        with self.current.lock:
+            self.current.query_run_id = str(query.runId)
+        return query
+
+    def _watch(self, query: Any) -> str | None:
+        """Until the query ends: None when it finished or was stopped on request, else the
+        text of its failure."""
+        assert self.jobdir is not None
+        while query.isActive:
+            try:
+                query.awaitTermination(0.5)
+            except Exception:  # it failed: query.exception() below has the whole story
+                break
+            requested = self.jobdir.load().requested
+            if requested in ("cancel", "suspend"):
+                query.stop()
+                return None
+        error = query.exception()
+        if error is None:
+            return None
+        return _failure_text(error)
+
+    def _healthy(self) -> bool:
+        """Whether the JVM and the SparkContext survived (an in-place restart is possible)."""
+        try:
+            return not self.spark.sparkContext._jsc.sc().isStopped()
+        except Exception:
+            return False
+
+    def _restart_in_place(self, text: str) -> bool:
+        """Count the restart, back off, wait for the old query's tasks; False when the
+        job's restart limit is reached (the failure is recorded)."""
+        summary = _summary(text)
+        assert self.jobdir is not None
+        with self.jobdir.update(self.fence) as current:
+            self._end_run(current, summary)
+            if current.restarts_in_a_row >= self.config.max_restarts:
+                current.failure = (
+                    f"{summary}; gave up after {current.restarts_in_a_row} restarts in a row "
+                    "without progress (max_restarts)"
+                )
+                return False
+            in_a_row = current.restarts_in_a_row
+            current.restarts += 1
+            current.restarts_in_a_row += 1
+            current.status = JobStatus.RESTARTING
+            current.failure = summary
+        backoff = min(self.config.max_restart_backoff, self.config.restart_backoff * 2**in_a_row)
+        sys.stderr.write(
+            f"epochal driver: run failed ({summary}); restarting in place in {backoff:.1f}s\n"
+        )
+        _wait_for_idle(self.spark, 30.0)
+        time.sleep(backoff)
+        return True
+
+    def _end_run(self, current: JobRecord, outcome: str) -> None:
+        entry = current.run_entry(self.current.run)
+        if entry is not None:
+            entry["ended"] = time.time()
+            entry["outcome"] = outcome[:300]
+
+    def _fail(self, text: str) -> int:
+        kind = identify(text)
+        summary = _summary(text)
+        if kind is FENCED:
+            sys.stderr.write(f"epochal: this run was fenced: {summary}\n")
+            return EXIT_FENCED
+        if self.jobdir is not None and self.record is not None:
+            with contextlib.suppress(FencedError), self.jobdir.update(self.fence) as current:
+                current.failure = summary
+                self._end_run(current, summary)
+        sys.stderr.write(f"epochal: run failed ({kind.failure.value}: {kind.name}): {text}\n")
+        return EXIT_RESTARTABLE if kind.failure is Failure.RESTARTABLE else EXIT_FATAL
+
+    # -- called by the listener -----------------------------------------------------------
+    def on_progress(self, progress: Any) -> None:
+        assert self.jobdir is not None and self.record is not None
+        with self.current.lock:
+            if str(progress.runId) != self.current.query_run_id:
+                return  # a late event of a query that was restarted
+            run, started = self.current.run, self.current.started
+            first = not self.current.first_batch_seen
+            self.current.first_batch_seen = True
+        batch = int(progress.batchId)
+        rows = int(progress.numInputRows)
+        if rows == 0 and batch == self.record.progress.get("batch") and not first:
+            return
+        checkpoint_manifest(self.state, batch, self.fence)
+        with self.jobdir.update(self.fence) as current:
+            total = int(current.progress.get("rows", 0)) + rows
+            current.progress = {
+                "batch": batch,
+                "rows": total,
+                "last_rows": rows,
+                "duration_ms": int(progress.batchDuration),
+                "at": time.time(),
+            }
+            current.restarts_in_a_row = 0
+            if first:
+                current.status = JobStatus.RUNNING
+                entry = current.run_entry(run)
+                if entry is not None:
+                    entry["first_batch"] = batch
+                    entry["first_batch_at"] = time.time()
+                    entry["first_batch_s"] = round(time.time() - started, 3)
+                    if entry.get("failed_at"):
+                        entry["recovery_s"] = round(time.time() - float(entry["failed_at"]), 3)
+            self.record.progress = current.progress
+        emit(
+            {
+                "type": "progress",
+                "job": self.record.name,
+                "run": run,
+                "batch": batch,
+                "rows": rows,
+            }
+        )
+
+
+def make_listener(driver: Driver) -> Any:
     """A listener that reports progress and records checkpoint manifests after each batch."""
     from pyspark.sql.streaming import StreamingQueryListener
-
-    from epochal.context import JobContext
-
-    context = JobContext.current()
 
     class ProgressListener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
-            progress = event.progress
-            batch = int(progress.batchId)
-            rows = int(progress.numInputRows)
-            if rows == 0 and batch == record.progress.get("batch"):
-                return
             try:
-                checkpoint_manifest(jobdir, batch)
-                with jobdir.update() as current:
-                    total = int(current.progress.get("rows", 0)) + rows
-                    current.progress = {
-                        "batch": batch,
-                        "rows": total,
-                        "last_rows": rows,
-                        "duration_ms": int(progress.batchDuration),
-                        "at": time.time(),
-                    }
-                    current.restarts_in_a_row = 0
-                    record.progress = current.progress
-                line = {"job": record.name, "run": record.run, "batch": batch, "rows": rows}
-                print(PROGRESS_PREFIX + json.dumps(line), flush=True)
+                driver.on_progress(event.progress)
+            except FencedError as exc:
+                self_destruct(f"fenced while reporting progress: {exc}")
             except Exception:  # progress must never break the query
                 log.exception("progress report failed")
-            context.reach("job.after_batch", batch)
+            driver.faults.reach("job.after_batch", int(event.progress.batchId))
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -192,75 +652,31 @@ def make_listener(jobdir: JobDirectory, record: JobRecord) -> Any:
     return ProgressListener()
 
 
-def run(snapshot_dir: str, name: str) -> int:
-    """One run of job ``name``; returns the exit code."""
-    jobdir = JobDirectory(snapshot_dir, name)
-    record = jobdir.load()
-    config = record.job_config
-    _environment(record, jobdir, jobdir.lease_epoch())
-    spark = None
-    try:
-        from epochal.spark.datasource import register
-
-        build = load_target(record.target)
-        spark = spark_session(record)
-        register(spark)
-        wanted = _expected_executors(config.master)
-        count = wait_for_executors(spark, wanted, 120)
-        with jobdir.update() as current:
-            if current.original_executors is None:
-                current.original_executors = count
-            original = current.original_executors
-            current.status = current.status.__class__("RUNNING")
-        if config.split_brain_protection:
-            quorum = original // 2 + 1
-            count = wait_for_executors(spark, quorum, float(os.environ.get(QUORUM_WAIT_ENV, "30")))
-            if count < quorum:
-                raise QuorumNotMetError(
-                    f"QuorumNotMet: job {name!r} first ran with {original} executors; a restart "
-                    f"needs {quorum} (split-brain protection) but only {count} are up"
-                )
-        spark.streams.addListener(make_listener(jobdir, record))
-        writer = build(spark)
-        if not hasattr(writer, "start"):
-            raise TypeError(
-                f"{record.target} returned {type(writer).__name__}; it must return "
-                "df.writeStream... (a DataStreamWriter, not started)"
-            )
-        writer = writer.option("checkpointLocation", jobdir.checkpoint).queryName(name)
-        if config.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(
-                processingTime=f"{int(config.snapshot_interval * 1000)} milliseconds"
-            )
-        query = writer.start()
-        while query.isActive:
-            query.awaitTermination(0.5)
-            requested = jobdir.load().requested
-            if requested in ("cancel", "suspend"):
-                query.stop()
-                return EXIT_DONE
-        error = query.exception()
-        if error is not None:
-            return _fail(jobdir, f"{error}")
-        return EXIT_DONE
-    except BaseException as exc:
-        text = "".join(traceback.format_exception(exc))
-        return _fail(jobdir, text)
-    finally:
-        if spark is not None:
-            with contextlib.suppress(Exception):
-                spark.stop()
+def _wait_for_idle(spark: Any, seconds: float) -> None:
+    """Wait (with a deadline) until no Spark job of the failed query runs any more; cancel
+    what is left, so no straggler task of the old run prepares after the new run's recovery."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + seconds
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if tracker.getActiveJobsIds():
+        spark.sparkContext.cancelAllJobs()
 
 
-def _fail(jobdir: JobDirectory, text: str) -> int:
-    kind = classify(text)
-    summary = _summary(text)
-    with jobdir.update() as current:
-        current.failure = summary
-    sys.stderr.write(f"epochal: run failed ({kind.value}): {text}\n")
-    return EXIT_RESTARTABLE if kind == Failure.RESTARTABLE else EXIT_FATAL
+def _failure_text(error: Any) -> str:
+    """The whole text of a query's failure: its message and every cause, with the JVM's
+    class names (a crashed worker shows only as ``java.io.EOFException`` in a cause: the
+    query's own message is then empty) and the Python tracebacks the causes carry."""
+    parts = [str(error)]
+    cause, depth = getattr(error, "_cause", None), 0
+    while cause is not None and depth < 12:
+        origin = getattr(cause, "_origin", None)
+        described = None
+        with contextlib.suppress(Exception):
+            described = str(origin.toString()) if origin is not None else None
+        parts.append(f"caused by: {described or type(cause).__name__}: {cause}")
+        cause, depth = getattr(cause, "_cause", None), depth + 1
+    return "\n".join(parts)
 
 
 def _summary(text: str) -> str:
@@ -273,6 +689,9 @@ def _summary(text: str) -> str:
     )
     step = re.search(r"epochal step: ([^\n]+)", text)
     where = f" [{step.group(1)}]" if step else ""
+    spark = re.search(r"terminated with exception: ([^\n]+)", text)
+    if spark and "Traceback" not in text:  # a JVM-side failure: Spark's own words
+        return spark.group(1)[:2000] + where
     for pattern in patterns:
         found = re.findall(pattern, text)
         if found:
@@ -282,9 +701,25 @@ def _summary(text: str) -> str:
 
 
 def main() -> None:
+    """``python -m epochal.driver --profile P (--epoch N SNAPSHOT_DIR JOB | --standby)``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    snapshot_dir, name = sys.argv[1], sys.argv[2]
-    code = run(snapshot_dir, name)
+    parser = argparse.ArgumentParser(prog="python -m epochal.driver")
+    parser.add_argument("snapshot_dir", nargs="?", help="the job's snapshot directory")
+    parser.add_argument("job", nargs="?", help="the job's name")
+    parser.add_argument("--profile", required=True, help="the session profile (JSON)")
+    parser.add_argument("--epoch", type=int, help="the lease epoch this driver runs at")
+    parser.add_argument("--standby", action="store_true", help="warm up, wait for promotion")
+    parser.add_argument("--launched", type=float, default=None, help="when it was started")
+    args = parser.parse_args()
+    if args.standby == (args.epoch is not None):
+        parser.error("give exactly one of --epoch and --standby")
+    if args.epoch is not None and not (args.snapshot_dir and args.job):
+        parser.error("--epoch needs the snapshot directory and the job")
+    supervision = Supervision()
+    supervision.start()
+    driver = Driver(supervision, SessionProfile.from_json(args.profile))
+    job = None if args.standby else (args.epoch, args.snapshot_dir, args.job)
+    code = driver.main(job, args.launched or time.time())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

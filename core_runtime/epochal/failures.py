@@ -1,8 +1,16 @@
-"""Which failures restart a job and which fail it (the seeds' "restartable" events)."""
+"""Which failures restart a job and which fail it (the seeds' "restartable" events).
+
+Failures reach the driver as text: a Python error crosses Spark's JVM as its traceback,
+wrapped in the JVM's exceptions. :data:`KINDS` names each failure a deployment meets, the
+text that identifies it, whether it restarts the job, whether the driver can restart the
+query in place (same JVM and SparkSession) or needs a new driver process, and the test that
+kills that process to prove it. docs/guarantees.md shows the same table.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from epochal_sdk.errors import RESTARTABLE_MARK
 
@@ -16,48 +24,151 @@ class Failure(enum.StrEnum):
 
 EXIT_DONE = 0
 EXIT_RESTARTABLE = 75
+"""The driver failed in a way a new driver can recover from."""
+EXIT_FENCED = 76
+"""The driver stopped because another driver owns the job (restartable, never FAILED)."""
 EXIT_FATAL = 70
 
-# Checked first: these are never restarted, whatever else the text says.
-_FATAL = (
-    "GuaranteeError",
-    "ConfigError",
-    "SchemaMismatchError",
-    "KeyStabilityError",
-    "SnapshotError",
-    "FencedError",
-    "PoisonRecordError",
-    "AnalysisException",
-    "ModuleNotFoundError",
+
+@dataclass(frozen=True)
+class FailureKind:
+    """One kind of failure: how it shows and what epochal does about it."""
+
+    name: str
+    marks: tuple[str, ...]
+    """Texts that identify it (any one of them)."""
+    failure: Failure
+    in_place: bool
+    """Whether the query can restart inside the same driver (its JVM and session survive)."""
+    proven_by: str
+    """The test that causes this failure for real and counts lost and duplicated records."""
+
+
+FENCED = FailureKind(
+    "the run lost the job's lease (another driver took over; zombie or orphan)",
+    ("FencedError", "StateMovedError"),
+    Failure.RESTARTABLE,
+    False,
+    "kit: zombie driver (SIGSTOP past the lease, SIGCONT after a take-over)",
 )
-_RESTARTABLE = (
-    RESTARTABLE_MARK,
-    "RestartableError",
-    "ConnectionError",
-    "ConnectionRefusedError",
-    "ConnectionResetError",
-    "BrokenPipeError",
-    "TimeoutError",
-    "socket.timeout",
-    "Python worker exited unexpectedly",
-    "ExecutorLostFailure",
-    "Lost executor",
-    "Connection reset",
-    "Connection refused",
-    "RpcTimeoutException",
-    "QuorumNotMet",
+
+# Checked in this order; the first kind whose mark is in the text wins. Fatal kinds come
+# before restartable ones, so a user error wrapped in a lost task is still a user error.
+KINDS: tuple[FailureKind, ...] = (
+    FENCED,
+    FailureKind(
+        "a connector refused the guarantee, an option or a schema",
+        ("GuaranteeError", "ConfigError", "SchemaMismatchError"),
+        Failure.FATAL,
+        False,
+        "tests/spark/test_jobs.py (refused at submit), connector option tests",
+    ),
+    FailureKind(
+        "the snapshot is missing or corrupt, or keys changed on replay",
+        ("SnapshotError", "KeyStabilityError"),
+        Failure.FATAL,
+        False,
+        "tests/spark/test_jobs.py::test_corrupt_snapshot_refuses_restart",
+    ),
+    FailureKind(
+        "a record cannot be processed (poison record) or the query is wrong",
+        ("PoisonRecordError", "AnalysisException", "ModuleNotFoundError"),
+        Failure.FATAL,
+        False,
+        "integration/jdbc/test_jdbc_jobs.py (poison row)",
+    ),
+    FailureKind(
+        "a connector lost its server (RestartableError, connection errors, timeouts)",
+        (
+            RESTARTABLE_MARK,
+            "RestartableError",
+            "ConnectionError",
+            "ConnectionRefusedError",
+            "ConnectionResetError",
+            "BrokenPipeError",
+            "TimeoutError",
+            "socket.timeout",
+            "Connection reset",
+            "Connection refused",
+        ),
+        Failure.RESTARTABLE,
+        True,
+        "soak: server restarted; integration/jdbc/test_jdbc_jobs.py (PostgreSQL stopped)",
+    ),
+    FailureKind(
+        "a Python worker died: a driver-side one (the source runner, a planner, the commit "
+        "worker) or an executor's",
+        (
+            "Python worker exited unexpectedly",
+            "PythonStreamingSourceRunner",
+            "PythonStreamingSinkCommitRunner",
+            "PythonPlannerRunner",
+            "StreamingPythonRunner",
+            "java.io.EOFException",
+        ),
+        Failure.RESTARTABLE,
+        True,
+        "kit: driver-side and executor Python workers killed (SIGKILL)",
+    ),
+    FailureKind(
+        "an executor was lost",
+        ("ExecutorLostFailure", "Lost executor", "RpcTimeoutException", "executor lost"),
+        Failure.RESTARTABLE,
+        True,
+        "kit: executor JVM killed at the executor crash points (local-cluster)",
+    ),
+    FailureKind(
+        "the driver's JVM or its Py4J gateway was lost",
+        (
+            "Py4JNetworkError",
+            "Answer from Java side is empty",
+            "Error while sending or receiving",
+            "SparkContext was shut down",
+            "Cannot call methods on a stopped SparkContext",
+        ),
+        Failure.RESTARTABLE,
+        False,
+        "kit: driver killed at every driver crash point (SIGKILL of the whole run)",
+    ),
+    FailureKind(
+        "too few executors for the split-brain quorum",
+        ("QuorumNotMet",),
+        Failure.RESTARTABLE,
+        False,
+        "tests/spark/test_jobs.py (split-brain quorum)",
+    ),
+    FailureKind(
+        "two drivers wrote the same checkpoint (only a zombie can cause it)",
+        ("CONCURRENT_STREAM_LOG_UPDATE", "Concurrent update to the"),
+        Failure.RESTARTABLE,
+        False,
+        "kit: zombie driver",
+    ),
 )
+
+UNKNOWN = FailureKind(
+    "anything else (a user code error, an unknown failure)",
+    (),
+    Failure.FATAL,
+    False,
+    "tests/spark/test_jobs.py (user error fails without restart)",
+)
+
+
+def identify(text: str) -> FailureKind:
+    """The kind of failure this text shows (:data:`UNKNOWN` when none matches)."""
+    for kind in KINDS:
+        if any(mark in text for mark in kind.marks):
+            return kind
+    return UNKNOWN
 
 
 def classify(text: str) -> Failure:
-    """Classify a failure from its text (Python errors cross Spark's JVM as text).
+    """Classify a failure from its text.
 
-    Lost connections, lost executors, crashed workers and timeouts restart the job from its
-    last snapshot; everything else (user code errors, bad config, refused guarantees, corrupt
-    snapshots) fails it with its cause, as restarting would fail the same way again.
+    Lost connections, lost executors, crashed workers, a lost lease and timeouts restart the
+    job from its last snapshot; everything else (user code errors, bad config, refused
+    guarantees, corrupt snapshots) fails it with its cause, as restarting would fail the same
+    way again.
     """
-    if any(mark in text for mark in _FATAL):
-        return Failure.FATAL
-    if any(mark in text for mark in _RESTARTABLE):
-        return Failure.RESTARTABLE
-    return Failure.FATAL
+    return identify(text).failure

@@ -1,9 +1,19 @@
 """Job records and the job lease, kept in the job's directory beside its snapshots.
 
 Any process that can read the snapshot directory can find a job by name, see its status and
-resume it. The lease makes sure only one supervisor runs a job: it is taken with a growing
-epoch (the fencing token), renewed while the job runs, and checked before every commit
-decision, so a zombie driver that lost the lease cannot decide anything.
+resume it. The lease makes sure only one supervisor runs a job, and only one driver acts for
+it: every driver run takes a new lease epoch (the fencing token), the supervisor renews the
+lease while its driver is healthy, and taking the job over moves the job's state to the new
+epoch (see :mod:`epochal.fence`).
+
+Layout of a job directory::
+
+    <snapshot_dir>/<job>/job.json              the job record (status, runs, progress)
+                        /lease.json            the lease (owner, epoch, renewal time)
+                        /epochs/<epoch>/checkpoint   Spark's checkpoint of the live epoch
+                        /epochs/<epoch>/store        the connectors' part of the snapshots
+                        /drivers/<token>.json  what each driver run is (job, epoch, run)
+                        /logs/, /faults/
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -20,24 +31,32 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from epochal import processes
 from epochal.config import JobConfig
 from epochal.context import job_dir
+from epochal.fence import DRIVERS, EPOCHS, LEASE_RECORD, Fence, read_lease, state_dir
 from epochal.store import SnapshotStore, get_record, put_record
 from epochal_sdk import EpochalError, SnapshotError
 
 JOB_RECORD = "job.json"
-LEASE_RECORD = "lease.json"
 LEASE_TTL = 20.0
+"""Default lease time-to-live (seconds); a job's ``lease_ttl`` setting overrides it."""
 PROGRESS_PREFIX = "epochal-progress "
-"""Lines a driver prints to report a batch; the supervisor reads them."""
+"""Lines a driver prints to report a batch (and its heartbeat); the supervisor reads them."""
+KEEP_RUNS = 30
+"""How many runs the job record keeps in its history."""
 
 
 class JobStatus(enum.StrEnum):
-    """Where a job is in its life."""
+    """Where a job is in its life (its phase)."""
 
     SUBMITTED = "SUBMITTED"
     STARTING = "STARTING"
+    """A driver is starting (JVM, SparkSession, connectors)."""
+    RECOVERING = "RECOVERING"
+    """The query is built and recovering (2PC recovery, replay of the last batch)."""
     RUNNING = "RUNNING"
+    """The query runs and recovery is done (a batch of this run was committed)."""
     RESTARTING = "RESTARTING"
     SUSPENDED = "SUSPENDED"
     COMPLETED = "COMPLETED"
@@ -48,6 +67,16 @@ class JobStatus(enum.StrEnum):
     def finished(self) -> bool:
         """No supervisor will run this job again on its own."""
         return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    @property
+    def live(self) -> bool:
+        """A supervisor should be running this job."""
+        return self in (
+            JobStatus.STARTING,
+            JobStatus.RECOVERING,
+            JobStatus.RUNNING,
+            JobStatus.RESTARTING,
+        )
 
 
 class JobError(EpochalError):
@@ -63,6 +92,7 @@ class JobRecord:
     config: dict[str, Any]
     status: JobStatus = JobStatus.SUBMITTED
     run: int = 0
+    """Query starts so far (cold, in-place and standby): transaction ids carry it."""
     restarts: int = 0
     restarts_in_a_row: int = 0
     requested: str | None = None
@@ -73,6 +103,13 @@ class JobRecord:
     python_path: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    supervisor: dict[str, Any] = field(default_factory=dict)
+    """The supervisor running the job: pid, host."""
+    driver: dict[str, Any] = field(default_factory=dict)
+    """The active driver: pid, lease epoch, run token."""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    """The last runs: run, epoch, kind (cold / in-place / standby), start, time to the
+    first committed batch, how it ended."""
 
     @property
     def job_config(self) -> JobConfig:
@@ -88,11 +125,20 @@ class JobRecord:
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         data = dict(data)
         data["status"] = JobStatus(data["status"])
-        return cls(**data)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def run_entry(self, run: int) -> dict[str, Any] | None:
+        """The history entry of run ``run``."""
+        return next((r for r in reversed(self.runs) if r.get("run") == run), None)
+
+    def add_run(self, entry: dict[str, Any]) -> None:
+        """Append a run to the history (keeping the last :data:`KEEP_RUNS`)."""
+        self.runs = [*self.runs, entry][-KEEP_RUNS:]
 
 
 class JobDirectory:
-    """One job's directory: record, lease, Spark checkpoint, snapshot store, logs."""
+    """One job's directory: record, lease, state of the live epoch, logs."""
 
     def __init__(self, snapshot_dir: str, name: str) -> None:
         _check_name(name)
@@ -100,21 +146,34 @@ class JobDirectory:
         self.path = job_dir(snapshot_dir, name)
         self.files = SnapshotStore(self.path)
 
+    # -- where things are -------------------------------------------------------------------
+    def state_dir(self, epoch: int | None = None) -> str:
+        """The state directory of lease ``epoch`` (default: the live one)."""
+        if epoch is None:
+            lease = self.lease() or {}
+            epoch = int(lease.get("state", lease.get("epoch", 0)))
+        return state_dir(self.path, epoch)
+
     @property
     def checkpoint(self) -> str:
-        """Spark's checkpoint location (offset log, commit log, state)."""
-        return f"{self.path}/checkpoint"
+        """Spark's checkpoint location of the live epoch (offset log, commit log, state)."""
+        return f"{self.state_dir()}/checkpoint"
 
     @property
     def store(self) -> SnapshotStore:
-        """The connectors' part of the snapshots."""
-        return SnapshotStore(f"{self.path}/store")
+        """The connectors' part of the snapshots, in the live epoch."""
+        return SnapshotStore(f"{self.state_dir()}/store")
 
     @property
     def logs(self) -> str:
         """Where driver logs go."""
         return f"{self.path}/logs"
 
+    def fence(self, epoch: int) -> Fence:
+        """The fencing check of a run at ``epoch``."""
+        return Fence(self.path, epoch)
+
+    # -- the record -------------------------------------------------------------------------
     def exists(self) -> bool:
         return get_record(self.files, JOB_RECORD) is not None
 
@@ -124,7 +183,7 @@ class JobDirectory:
         if data is None:
             raise JobError(
                 f"no job named {self.name!r} in {self.snapshot_dir}. "
-                "See `epochal jobs list --snapshot-dir ...` for the jobs there."
+                "See `python -m epochal jobs list --snapshot-dir ...` for the jobs there."
             )
         return JobRecord.from_json(data)
 
@@ -133,51 +192,144 @@ class JobDirectory:
         put_record(self.files, JOB_RECORD, record.to_json())
 
     @contextlib.contextmanager
-    def update(self) -> Iterator[JobRecord]:
-        """Read-modify-write the record under the job's lock."""
+    def update(self, fence: Fence | None = None) -> Iterator[JobRecord]:
+        """Read-modify-write the record under the job's lock; with ``fence``, only while
+        that run still holds the lease (a zombie's update raises ``FencedError``)."""
         with self._locked("record"):
+            if fence is not None:
+                fence.check(f"job {self.name!r}: updating the job record")
             record = self.load()
             yield record
             self.save(record)
 
     def delete_snapshots(self) -> None:
         """Delete the checkpoint and the snapshot store (cancel)."""
-        for sub in ("checkpoint", "store", "faults"):
+        for sub in (EPOCHS, "checkpoint", "store", "faults", DRIVERS):
             SnapshotStore(self.path).delete_tree(sub)
 
     # -- lease ------------------------------------------------------------------------------
     def lease(self) -> dict[str, Any] | None:
         """The current lease record."""
-        return get_record(self.files, LEASE_RECORD)
+        return read_lease(self.path)
 
     def lease_epoch(self) -> int:
         """The current lease epoch (0 when never leased)."""
         return int((self.lease() or {}).get("epoch", 0))
 
-    def acquire_lease(self, owner: str, *, force: bool = False) -> int:
-        """Take the job's lease with a new epoch; refuse if another live owner holds it."""
+    def lease_age(self) -> float | None:
+        """Seconds since the lease was last renewed (None when never leased)."""
+        lease = self.lease()
+        return None if lease is None else time.time() - float(lease["renewed"])
+
+    def acquire_lease(self, owner: str, *, ttl: float = LEASE_TTL, force: bool = False) -> int:
+        """Take the job's lease for ``owner`` at a new epoch and move the job's state to it.
+
+        Refused while another owner's lease is live (renewed less than its TTL ago), unless
+        that owner is known to be dead (same host, its process and its driver's processes
+        gone) or ``force``. Returns the new epoch.
+        """
         with self._locked("lease"):
             current = self.lease()
             if current and current["owner"] != owner and not force:
-                age = time.time() - float(current["renewed"])
-                if age < LEASE_TTL:
-                    raise JobError(
+                wait = self.takeover_wait(current)
+                if wait > 0:
+                    age = time.time() - float(current["renewed"])
+                    raise LeaseHeldError(
                         f"job {self.name!r} is run by another supervisor (pid {current['pid']} "
                         f"on {current['host']}, lease epoch {current['epoch']}, renewed "
-                        f"{age:.0f}s ago). Wait for it to stop or suspend it; if that process "
-                        "is gone, retry after the lease expires or pass --force."
+                        f"{age:.0f}s ago). Wait for it to stop, or suspend it; if that "
+                        f"process is gone, the lease expires in {wait:.0f}s (or pass "
+                        "--force if you know it is dead).",
+                        wait,
                     )
-            epoch = int((current or {}).get("epoch", 0)) + 1
-            put_record(self.files, LEASE_RECORD, _lease(owner, epoch))
-            return epoch
+            return self._new_epoch(owner, current, ttl, end_old_owner=True)
 
-    def renew_lease(self, owner: str, epoch: int) -> bool:
-        """Renew our lease; False if it was taken over (we are fenced)."""
+    def advance_epoch(self, owner: str, epoch: int, ttl: float = LEASE_TTL) -> int:
+        """A new epoch for the next driver of the supervisor that holds the lease at
+        ``epoch`` (a restart or a standby promotion): fences whatever the previous driver
+        left running. Raises ``JobError`` if the lease was taken over meanwhile."""
+        with self._locked("lease"):
+            current = self.lease()
+            if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+                raise LeaseLostError(
+                    f"job {self.name!r}: the lease is no longer this supervisor's "
+                    f"(epoch {current['epoch'] if current else '-'}, owner pid "
+                    f"{current['pid'] if current else '-'})"
+                )
+            return self._new_epoch(owner, current, ttl, end_old_owner=False)
+
+    def _new_epoch(
+        self, owner: str, current: dict[str, Any] | None, ttl: float, *, end_old_owner: bool
+    ) -> int:
+        old_epoch = int((current or {}).get("epoch", 0))
+        old_state = int((current or {}).get("state", old_epoch))
+        epoch = old_epoch + 1
+        if end_old_owner:
+            self._end_dead_owner(current)
+        # 1. the lease shows the new epoch: from here every fence check of older runs fails
+        put_record(self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=old_state))
+        # 2. the state moves to the new epoch: later writes through old paths land nowhere
+        self._move_state(old_state, epoch)
+        put_record(self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=epoch))
+        return epoch
+
+    def _move_state(self, old: int, new: int) -> None:
+        if not self.files.local:
+            return  # object stores cannot rename atomically: fenced by the checks alone
+        epochs = os.path.join(self.path, EPOCHS)
+        os.makedirs(epochs, exist_ok=True)
+        source, target = os.path.join(epochs, str(old)), os.path.join(epochs, str(new))
+        if os.path.isdir(source) and not os.path.exists(target):
+            os.rename(source, target)
+        else:
+            legacy = [s for s in ("checkpoint", "store") if os.path.isdir(f"{self.path}/{s}")]
+            os.makedirs(target, exist_ok=True)
+            for sub in legacy:  # a job directory of an earlier version: adopt its state
+                os.rename(f"{self.path}/{sub}", f"{target}/{sub}")
+        for name in os.listdir(epochs):  # left by zombies writing through moved paths
+            if name != str(new):
+                shutil.rmtree(os.path.join(epochs, name), ignore_errors=True)
+
+    def takeover_wait(self, lease: dict[str, Any] | None) -> float:
+        """Seconds a new owner must still wait before taking this lease (0: now)."""
+        if not lease:
+            return 0.0
+        ttl = float(lease.get("ttl", LEASE_TTL))
+        remaining = ttl - (time.time() - float(lease["renewed"]))
+        if remaining <= 0 or self.owner_dead(lease):
+            return 0.0
+        return remaining
+
+    @staticmethod
+    def owner_dead(lease: dict[str, Any]) -> bool:
+        """Whether the lease's supervisor is known to be gone: it ran on this host and its
+        process is not alive (what is left of its drivers is ended before the take-over).
+        From another host nothing is known: the lease must expire."""
+        if lease.get("host") != socket.gethostname():
+            return False
+        return not processes.alive(int(lease.get("pid", 0)))
+
+    def _end_dead_owner(self, lease: dict[str, Any] | None) -> None:
+        """Before a new epoch on this host: end what is left of the old owner's drivers (an
+        orphaned driver, PySpark daemons), so no process of a dead run outlives it."""
+        if lease and lease.get("host") == socket.gethostname():
+            for token in lease.get("tokens") or []:
+                with contextlib.suppress(TimeoutError):
+                    processes.kill_run(str(token))
+
+    def renew_lease(
+        self, owner: str, epoch: int, *, ttl: float = LEASE_TTL, tokens: list[str] | None = None
+    ) -> bool:
+        """Renew our lease, naming the run tokens of our drivers (so a new owner on this host
+        can end them if we die); False if it was taken over (we are fenced)."""
         with self._locked("lease"):
             current = self.lease()
             if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
                 return False
-            put_record(self.files, LEASE_RECORD, _lease(owner, epoch))
+            state = int(current.get("state", epoch))
+            put_record(
+                self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=state, tokens=tokens)
+            )
             return True
 
     def release_lease(self, owner: str) -> None:
@@ -186,7 +338,14 @@ class JobDirectory:
             current = self.lease()
             if current and current["owner"] == owner:
                 current["renewed"] = 0.0
+                current["tokens"] = []
                 put_record(self.files, LEASE_RECORD, current)
+
+    # -- driver runs ------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        """Where the job's own drivers keep their run records."""
+        return f"{self.path}/{DRIVERS}"
 
     @contextlib.contextmanager
     def _locked(self, what: str) -> Iterator[None]:
@@ -218,13 +377,30 @@ class JobDirectory:
                 os.unlink(path)
 
 
-def _lease(owner: str, epoch: int) -> dict[str, Any]:
+class LeaseHeldError(JobError):
+    """Another live owner holds the job's lease."""
+
+    def __init__(self, message: str, wait: float) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
+class LeaseLostError(JobError):
+    """This supervisor's lease was taken over by another one."""
+
+
+def _lease(
+    owner: str, epoch: int, ttl: float, *, state: int, tokens: list[str] | None = None
+) -> dict[str, Any]:
     return {
         "owner": owner,
         "epoch": epoch,
+        "state": state,
+        "ttl": ttl,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "renewed": time.time(),
+        "tokens": list(tokens or []),
     }
 
 

@@ -111,6 +111,11 @@ def connector(name: str) -> Connector:
     return available[name]()
 
 
+SPARK_OWN_OPTIONS = frozenset({"checkpointlocation"})
+"""Options Spark hands to a data source that are not the connector's: the checkpoint moves
+with the job's lease epoch, and a part's id must not."""
+
+
 def part_id(name: str, options: Mapping[str, str]) -> str:
     """A stable id for one source or sink of a query: ``epochal.id`` if given, else the
     connector name and a hash of its options (the same options give the same id after a
@@ -126,6 +131,10 @@ def part_id(name: str, options: Mapping[str, str]) -> str:
                 "transaction ids).",
             )
         return explicit
-    user = {k.lower(): v for k, v in options.items() if not k.lower().startswith("epochal.")}
+    user = {
+        k.lower(): v
+        for k, v in options.items()
+        if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
+    }
     digest = hashlib.sha1(json.dumps(user, sort_keys=True).encode()).hexdigest()[:10]
     return f"{name}-{digest}"

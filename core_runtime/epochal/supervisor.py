@@ -1,54 +1,54 @@
-"""The job supervisor: runs a job's driver as a child process and restarts it after
-restartable failures, from the last snapshot, with backoff and a limit.
+"""The job supervisor: runs a job's driver as a child process, restarts it after restartable
+failures from the last snapshot, with backoff and a limit, and keeps a warm standby driver
+when asked to.
 
-Locally the supervisor outlives the driver, so a killed driver is restarted. On a cluster the
-cluster manager restarts the driver (standalone ``--supervise``, a Kubernetes restart policy)
-and ``epochal resume NAME`` (or :func:`resume`) picks the job up by name from its record.
+One supervisor owns a job at a time: it holds the job's lease, renews it while its driver is
+healthy (the driver's heartbeats arrive on its stdout), and gives every driver it starts a
+new lease epoch, so whatever an earlier driver left behind is fenced (:mod:`epochal.fence`).
+Before a new driver starts, every process of the previous one (its JVM and PySpark daemons
+included) is gone. A supervisor that loses its lease (it was paused past its TTL and another
+one took over) kills its drivers and stops without touching the job's record.
+
+Locally the supervisor outlives the driver, so a killed driver is restarted. If the
+supervisor itself dies, its driver dies with it, and ``python -m epochal jobs resume NAME``
+(or :meth:`epochal.Job.resume`) picks the job up from any process that sees the snapshot
+directory: at once when the old supervisor is known dead (same host), else once its lease
+expired.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
-import subprocess
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from epochal import processes
 from epochal.config import JobConfig
-from epochal.failures import EXIT_DONE, EXIT_RESTARTABLE
+from epochal.driver import SessionProfile
+from epochal.drivers import DriverPool, DriverProcess, RunOutcome
+from epochal.failures import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
 from epochal.jobs import (
-    PROGRESS_PREFIX,
     JobDirectory,
     JobError,
     JobRecord,
     JobStatus,
+    LeaseHeldError,
+    LeaseLostError,
     new_owner,
 )
 from epochal.verify import verify_job
+from epochal_sdk import FencedError
 
 Reporter = Callable[[str], None]
 
 
 def _print(line: str) -> None:
     print(line, flush=True)
-
-
-@dataclass
-class RunOutcome:
-    """How one driver run ended."""
-
-    code: int
-    signal: int | None
-
-    @property
-    def killed(self) -> bool:
-        return self.signal is not None
 
 
 def _target_name(target: str | Callable[..., Any]) -> str:
@@ -82,7 +82,7 @@ def submit(
         elif existing.target != target_name or existing.config != config.to_dict():
             raise JobError(
                 f"job {name!r} already exists with another target or config; resume it with "
-                "`epochal resume`, cancel it first, or submit under another name"
+                "`python -m epochal jobs resume`, cancel it first, or submit under another name"
             )
         else:
             return jobdir
@@ -97,7 +97,20 @@ def submit(
 
 
 class Supervisor:
-    """Runs one job until it completes, fails, is cancelled or suspended."""
+    """Runs one job until it completes, fails, is cancelled or suspended, or until another
+    supervisor takes it over.
+
+    Args:
+        jobdir: the job.
+        report: where status lines go.
+        force: take the lease even while another supervisor's lease is live (an operator
+            who knows that supervisor is dead).
+        on_progress: called with each progress event of the active driver.
+        wait_for_lease: seconds to wait for another supervisor's lease to expire before
+            giving up (None: its time-to-live and a little more).
+        pool: warm drivers to take a driver from instead of starting one cold (tests and
+            hosts that run many jobs of the same profile).
+    """
 
     def __init__(
         self,
@@ -106,28 +119,75 @@ class Supervisor:
         report: Reporter = _print,
         force: bool = False,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
+        wait_for_lease: float | None = None,
+        pool: DriverPool | None = None,
     ) -> None:
         self.jobdir = jobdir
+        self.pool = pool
         self.report = report
         self.force = force
         self.owner = new_owner()
         self.on_progress = on_progress
-        self.child: subprocess.Popen[str] | None = None
+        self.wait_for_lease = wait_for_lease
+        self.epoch = 0
+        self.active: DriverProcess | None = None
+        self.standby: DriverProcess | None = None
+        self.lost = threading.Event()
         self._stop_renewal = threading.Event()
+        self._lease_lock = threading.RLock()
+        self._launched = 0
+        self.config = JobConfig()
+        self.profile = SessionProfile(self.config.master)
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> JobRecord:
         """Supervise the job to its end; returns the final record."""
-        epoch = self.jobdir.acquire_lease(self.owner, force=self.force)
-        renewal = threading.Thread(target=self._renew, args=(epoch,), daemon=True)
+        record = self.jobdir.load()
+        self.config = record.job_config
+        self.profile = SessionProfile.of(record)
+        if self.pool is not None:
+            self.pool.prepare(self.profile)
+        self.epoch = self._acquire()
+        with self.jobdir.update(self._fence()) as current:
+            current.supervisor = {"pid": os.getpid(), "host": socket.gethostname()}
+        renewal = threading.Thread(target=self._renew, name="epochal-lease", daemon=True)
         renewal.start()
         try:
             return self._loop()
+        except (LeaseLostError, FencedError):
+            return self._lost()
         finally:
             self._stop_renewal.set()
-            self.jobdir.release_lease(self.owner)
+            for driver in (self.active, self.standby):
+                if driver is not None:
+                    driver.kill()
+            if not self.lost.is_set():
+                self.jobdir.release_lease(self.owner)
+
+    def _acquire(self) -> int:
+        deadline = None
+        while True:
+            try:
+                return self.jobdir.acquire_lease(
+                    self.owner, ttl=self.config.lease_ttl, force=self.force
+                )
+            except LeaseHeldError as held:
+                if deadline is None:
+                    limit = self.wait_for_lease
+                    deadline = time.monotonic() + (held.wait + 5 if limit is None else limit)
+                    self.report(
+                        f"[{self.jobdir.name}] waiting up to {held.wait:.0f}s for the lease of "
+                        "the job's previous supervisor to expire"
+                    )
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(min(0.5, held.wait))
+
+    def _fence(self) -> Any:
+        return self.jobdir.fence(self.epoch)
 
     def _loop(self) -> JobRecord:
+        first = True
         while True:
             record = self.jobdir.load()
             config = record.job_config
@@ -140,15 +200,26 @@ class Supervisor:
                         JobStatus.FAILED,
                         f"refusing to restart job {record.name!r}: its snapshot is missing or "
                         f"corrupt: {'; '.join(problems)}. Restore the files, or cancel the job "
-                        "to start over from scratch.",
+                        "to start over.",
                     )
-            with self.jobdir.update() as current:
-                current.run += 1
-                current.status = JobStatus.STARTING if current.run == 1 else JobStatus.RESTARTING
+            if not first:
+                with self._lease_lock:
+                    self.epoch = self.jobdir.advance_epoch(
+                        self.owner, self.epoch, ttl=config.lease_ttl
+                    )
+            first = False
+            with self.jobdir.update(self._fence()) as current:
+                current.status = JobStatus.STARTING if current.run == 0 else JobStatus.RESTARTING
                 current.requested = None if current.requested == "suspend" else current.requested
-                run_number = current.run
-            self.report(f"[{record.name}] run {run_number}: starting driver")
-            outcome = self._run_driver(run_number)
+            driver = self._activate(config)
+            self.report(
+                f"[{record.name}] run {record.run + 1}: driver pid {driver.pid} at lease epoch "
+                f"{self.epoch}" + (" (a warm driver, promoted)" if driver.ready.is_set() else "")
+            )
+            outcome = self._wait(driver, config)
+            self._ended(driver, outcome)
+            if self.lost.is_set():
+                raise LeaseLostError(f"job {record.name!r} was taken over")
             record = self.jobdir.load()
             if record.requested == "cancel":
                 return self._cancelled()
@@ -156,7 +227,7 @@ class Supervisor:
                 return self._finish(JobStatus.SUSPENDED, None, keep_request=False)
             if outcome.code == EXIT_DONE and not outcome.killed:
                 return self._finish(JobStatus.COMPLETED, None)
-            restartable = outcome.killed or outcome.code == EXIT_RESTARTABLE
+            restartable = outcome.killed or outcome.code in (EXIT_RESTARTABLE, EXIT_FENCED)
             why = (
                 f"driver killed by signal {outcome.signal}"
                 if outcome.killed
@@ -175,65 +246,160 @@ class Supervisor:
             backoff = min(
                 config.max_restart_backoff, config.restart_backoff * 2**record.restarts_in_a_row
             )
-            with self.jobdir.update() as current:
+            if self.standby is not None and self.standby.ready.is_set():
+                backoff = min(backoff, config.restart_backoff)  # a warm driver is waiting
+            with self.jobdir.update(self._fence()) as current:
                 current.restarts += 1
                 current.restarts_in_a_row += 1
                 current.status = JobStatus.RESTARTING
                 current.failure = why
             self.report(
-                f"[{record.name}] run {run_number} failed ({why}); restarting from the last "
+                f"[{record.name}] run {record.run} failed ({why}); restarting from the last "
                 f"snapshot in {backoff:.1f}s (restart {record.restarts + 1})"
             )
             time.sleep(backoff)
 
-    def _run_driver(self, run_number: int) -> RunOutcome:
+    def _activate(self, config: JobConfig) -> DriverProcess:
+        """The next active driver: the standby (waiting for it if it is still warming: a
+        cold driver would only compete with it), else one from the pool, else a new one."""
+        driver = None
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            while standby.alive() and not standby.ready.wait(0.2):
+                pass
+            if standby.ready.is_set() and standby.alive():
+                driver = standby
+            else:
+                standby.kill()
+        if driver is None and self.pool is not None:
+            driver = self.pool.take(self.profile, wait=config.lease_ttl)
+            if driver is not None:
+                driver.on_event = self._on_event
+                self._link_log(driver)
+        if driver is not None:
+            driver.promote(self.epoch, self.jobdir.snapshot_dir, self.jobdir.name)
+        else:
+            driver = self._new_driver(job=(self.epoch, self.jobdir.snapshot_dir, self.jobdir.name))
+        with self._lease_lock:
+            self.active = driver
+        self._renew_now()
+        return driver
+
+    def _new_driver(self, job: tuple[int, str, str] | None) -> DriverProcess:
+        self._launched += 1
+        suffix = "-standby" if job is None else ""
+        return DriverProcess(
+            self.profile,
+            f"{self.jobdir.logs}/driver-{self._launched}{suffix}.log",
+            self.jobdir.run_dir,
+            job=job,
+            on_event=self._on_event,
+        )
+
+    def _link_log(self, driver: DriverProcess) -> None:
+        self._launched += 1
         os.makedirs(self.jobdir.logs, exist_ok=True)
-        log_path = f"{self.jobdir.logs}/driver-{run_number}.log"
-        with open(log_path, "w") as log_file:
-            self.child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "epochal.driver",
-                    self.jobdir.snapshot_dir,
-                    self.jobdir.name,
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                text=True,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            assert self.child.stdout is not None
-            for line in self.child.stdout:
-                if line.startswith(PROGRESS_PREFIX):
-                    if self.on_progress:
-                        self.on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
-                else:
-                    log_file.write(line)
-            code = self.child.wait()
-        self._kill_leftovers()
-        if code < 0:
-            return RunOutcome(code, -code)
-        if code == 137:
-            return RunOutcome(code, signal.SIGKILL)
-        return RunOutcome(code, None)
+        with contextlib.suppress(OSError):
+            os.symlink(driver.log_path, f"{self.jobdir.logs}/driver-{self._launched}-pool.log")
 
-    def _kill_leftovers(self) -> None:
-        """The driver's JVM and workers share its process group: end them all."""
-        if self.child is None:
+    def _start_standby(self) -> None:
+        self.standby = self._new_driver(job=None)
+        self._renew_now()
+
+    def _wait(self, driver: DriverProcess, config: JobConfig) -> RunOutcome:
+        """Until the active driver ends. A driver that stops answering (no heartbeat for
+        half the lease's time-to-live) is killed, as is one whose lease was lost."""
+        while True:
+            outcome = driver.wait(0.2)
+            if outcome is not None:
+                return outcome
+            if self.lost.is_set():
+                driver.kill()
+            elif driver.heartbeat_age() > config.lease_ttl / 2:
+                self.report(
+                    f"[{self.jobdir.name}] driver pid {driver.pid} stopped answering "
+                    f"({driver.heartbeat_age():.1f}s without a heartbeat): killing it"
+                )
+                driver.kill()
+            if (
+                config.standby
+                and self.standby is None
+                and driver.progressed.is_set()
+                and not self.lost.is_set()
+            ):
+                self._start_standby()  # warmed while the active driver runs
+            if self.standby is not None and not self.standby.alive():
+                self.standby.kill()
+                self.standby = None
+
+    def _ended(self, driver: DriverProcess, outcome: RunOutcome) -> None:
+        """Make sure every process of the driver run is gone; note when the run ended."""
+        driver.kill()
+        with self._lease_lock:
+            self.active = None
+        if self.lost.is_set():
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.child.pid, signal.SIGKILL)
+        with contextlib.suppress(FencedError), self.jobdir.update(self._fence()) as current:
+            entry = current.runs[-1] if current.runs else None
+            if entry is not None and not entry.get("ended"):
+                entry["ended"] = time.time()
+                entry["outcome"] = (
+                    f"killed by signal {outcome.signal}"
+                    if outcome.killed
+                    else f"exit {outcome.code}"
+                )
+            current.driver = {}
 
-    def _renew(self, epoch: int) -> None:
-        while not self._stop_renewal.wait(5.0):
-            if not self.jobdir.renew_lease(self.owner, epoch):
-                self.report(f"[{self.jobdir.name}] lease lost: another supervisor took the job")
-                if self.child is not None:
-                    self._kill_leftovers()
+    def _on_event(self, driver: DriverProcess, event: dict[str, Any]) -> None:
+        if event.get("type", "progress") == "progress" and driver is self.active:
+            if self.on_progress:
+                self.on_progress(event)
+        elif event.get("type") == "ready":
+            with contextlib.suppress(Exception), self.jobdir.update(self._fence()) as current:
+                current.supervisor = {
+                    **current.supervisor,
+                    "standby_pid": driver.pid,
+                    "standby_warmup_s": event.get("warmup_s"),
+                }
+
+    # -- the lease --------------------------------------------------------------------------
+    def _renew(self) -> None:
+        while not self._stop_renewal.wait(self.config.lease_ttl / 5):
+            self._renew_now()
+            if self.lost.is_set():
                 return
 
+    def _renew_now(self) -> None:
+        """Renew the lease, unless the active driver stopped answering (it is about to be
+        killed: never vouch for a hung driver)."""
+        with self._lease_lock:
+            active = self.active
+            if active is not None and active.heartbeat_age() > self.config.lease_ttl / 2:
+                return
+            tokens = [d.token for d in (self.active, self.standby) if d is not None]
+            try:
+                held = self.jobdir.renew_lease(
+                    self.owner, self.epoch, ttl=self.config.lease_ttl, tokens=tokens
+                )
+            except JobError:
+                return  # the lock was busy; the next round renews
+            if not held and not self.lost.is_set():
+                self.lost.set()
+                self.report(
+                    f"[{self.jobdir.name}] lease lost: another supervisor took the job over; "
+                    "stopping this one's drivers"
+                )
+                for driver in (self.active, self.standby):
+                    if driver is not None:
+                        with contextlib.suppress(TimeoutError):
+                            processes.kill_run(driver.token)
+
+    def _lost(self) -> JobRecord:
+        self.lost.set()
+        self.report(f"[{self.jobdir.name}] taken over by another supervisor; this one stops")
+        return self.jobdir.load()
+
+    # -- endings ----------------------------------------------------------------------------
     def _cancelled(self) -> JobRecord:
         self.jobdir.delete_snapshots()
         return self._finish(JobStatus.CANCELLED, None)
@@ -241,7 +407,8 @@ class Supervisor:
     def _finish(
         self, status: JobStatus, failure: str | None, keep_request: bool = False
     ) -> JobRecord:
-        with self.jobdir.update() as current:
+        fence = None if status == JobStatus.CANCELLED else self._fence()
+        with self.jobdir.update(fence) as current:
             current.status = status
             if failure:
                 current.failure = failure
@@ -253,8 +420,10 @@ class Supervisor:
         return final
 
     def stop_child(self) -> None:
-        """Kill the current driver (used when the supervisor itself is interrupted)."""
-        self._kill_leftovers()
+        """Kill the drivers (used when the supervisor itself is interrupted)."""
+        for driver in (self.active, self.standby):
+            if driver is not None:
+                driver.kill()
 
 
 def request(jobdir: JobDirectory, what: str) -> JobRecord:
@@ -263,7 +432,7 @@ def request(jobdir: JobDirectory, what: str) -> JobRecord:
         if record.status.finished and what != "cancel":
             raise JobError(f"job {record.name!r} is {record.status.value}; nothing to {what}")
         record.requested = what
-        live = _lease_live(jobdir)
+        live = lease_live(jobdir)
         if not live:
             if what == "cancel":
                 record.status = JobStatus.CANCELLED
@@ -275,8 +444,13 @@ def request(jobdir: JobDirectory, what: str) -> JobRecord:
     return jobdir.load()
 
 
-def _lease_live(jobdir: JobDirectory) -> bool:
-    from epochal.jobs import LEASE_TTL
-
+def lease_live(jobdir: JobDirectory) -> bool:
+    """Whether a supervisor holds the job's lease now (renewed within its TTL, alive)."""
     lease = jobdir.lease()
-    return bool(lease) and time.time() - float(lease["renewed"]) < LEASE_TTL
+    return bool(lease) and jobdir.takeover_wait(lease) > 0
+
+
+def orphaned(jobdir: JobDirectory, record: JobRecord) -> bool:
+    """Whether the record says the job runs but no supervisor holds its lease: its
+    supervisor died (resume it with ``python -m epochal jobs resume NAME``)."""
+    return record.status.live and not lease_live(jobdir)

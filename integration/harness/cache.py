@@ -214,3 +214,97 @@ def prefetch(kafka: bool = True, artemis: bool = True) -> dict[str, Path]:
     if artemis:
         fetched[f"artemis {artemis_version()}"] = artemis_home()
     return fetched
+
+
+# --- Spark: the pyspark distribution, and the S3A connector (hadoop-aws) ------------------
+
+#: hadoop-aws and the AWS SDK v2 ``bundle`` it was built against (plus its runtime
+#: dependencies), resolved by Maven from hadoop-aws's own POM, so the SDK version always
+#: matches the Hadoop release (Hadoop 3.5.0: bundle 2.35.4, analyticsaccelerator-s3 1.3.1).
+_HADOOP_AWS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>epochal.integration</groupId>
+  <artifactId>hadoop-aws-classpath</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.hadoop</groupId><artifactId>hadoop-aws</artifactId>
+      <version>{hadoop}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def pyspark_home() -> Path:
+    """The installed pyspark package directory (it is a Spark distribution: ``jars/``, ``bin/``)."""
+    try:
+        import pyspark
+    except ImportError as exc:
+        raise PrerequisiteError("Spark fixtures need pyspark: pip install pyspark") from exc
+    home = Path(pyspark.__file__).resolve().parent
+    if not (home / "jars").is_dir():
+        raise PrerequisiteError(f"pyspark at {home} has no jars/ directory (a broken install?)")
+    return home
+
+
+def pyspark_hadoop_version() -> str:
+    """The Hadoop version bundled with pyspark, read from ``jars/hadoop-client-api-<v>.jar``."""
+    jars = sorted((pyspark_home() / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise PrerequisiteError(f"no hadoop-client-api-*.jar in {pyspark_home() / 'jars'}")
+    return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+def hadoop_aws_version() -> str:
+    """The hadoop-aws version (``$EPOCHAL_HADOOP_AWS_VERSION`` or pyspark's Hadoop version).
+
+    hadoop-aws must match the Hadoop jars Spark runs with: it uses Hadoop's internal APIs.
+    """
+    return os.environ.get("EPOCHAL_HADOOP_AWS_VERSION") or pyspark_hadoop_version()
+
+
+def hadoop_aws_jars(version: str | None = None) -> list[Path]:
+    """The jars of hadoop-aws ``version`` and its runtime dependencies, fetched on first use.
+
+    Maven resolves them into the cache's local repository (``m2/``) and the cache entry
+    keeps only the resolved class path: the AWS SDK bundle alone is ~690 MB, so it is not
+    copied a second time.
+    """
+    version = version or hadoop_aws_version()
+    entry = cache_dir() / f"hadoop-aws-{version}"
+    listing = entry / "classpath.txt"
+    marker = entry / ".complete"
+
+    def jars() -> list[Path] | None:
+        if not marker.exists():
+            return None
+        paths = [Path(p) for p in listing.read_text().strip().split(os.pathsep) if p]
+        return paths if paths and all(p.is_file() for p in paths) else None
+
+    found = jars()
+    if found:
+        return found
+    require_java()
+    with _locked(entry):
+        found = jars()
+        if found:
+            return found
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(parents=True)
+        (entry / "pom.xml").write_text(_HADOOP_AWS_POM.format(hadoop=version))
+        _mvn(
+            [
+                f"{DEPENDENCY_PLUGIN}:build-classpath",
+                f"-Dmdep.outputFile={listing}",
+                "-DincludeScope=runtime",
+            ],
+            f"fetching hadoop-aws {version} and the AWS SDK bundle",
+            entry,
+        )
+        paths = [Path(p) for p in listing.read_text().strip().split(os.pathsep) if p]
+        if not any(p.name.startswith("hadoop-aws-") for p in paths):
+            raise PrerequisiteError(f"hadoop-aws {version}: not in the resolved class path {paths}")
+        marker.write_text(version + "\n")
+    return paths

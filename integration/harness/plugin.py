@@ -24,7 +24,9 @@ from ._process import HarnessError, PrerequisiteError, shutting_down
 from .jms import JmsQueue, JmsServer, new_queue, start_jms
 from .kafka import KafkaCluster, KafkaServer, start_kafka, start_kafka_cluster
 from .postgres import PostgresServer, start_postgres
+from .s3 import S3Bucket, S3Server, new_bucket, start_s3
 from .server import Server
+from .spark_cluster import SparkCluster, start_spark_cluster
 
 S = TypeVar("S", bound=Server)
 
@@ -160,3 +162,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if fixture in used and all(name != title for name, _ in report.sections):
                 report.sections.append((title, server.log_tail(LOG_LINES)))
     return report
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """An S3-compatible object store (SeaweedFS, data on disk) for the whole session."""
+    yield from _provide("s3_server", start_s3)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[S3Bucket]:
+    """A fresh bucket ``it-<test>-<random>``; emptied and deleted after the test."""
+    bucket = new_bucket(s3_server, _slug(request, 30))
+    yield bucket
+    if _usable(s3_server):
+        s3_server.delete_bucket(bucket.name)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    """A Spark standalone cluster (a master, two 1-core workers); started only when asked."""
+    yield from _provide("spark_cluster", start_spark_cluster)
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server() -> Iterator[Any]:
+    """A Spark Connect server (``SparkConnectServer``: ``url``, ``session()``) run from the
+    pyspark package, with epochal's formats registered on it; started only when asked."""
+    from .spark_connect import start_spark_connect
+
+    yield from _provide("spark_connect_server", start_spark_connect)

@@ -9,24 +9,11 @@ from __future__ import annotations
 import pytest
 from epochal_kafka.testing import KafkaSinkUnderTest, KafkaSourceUnderTest
 
-from epochal.testing import Case, ConformanceSuite
+from epochal.testing import ConformanceSuite, Scenario
 from epochal_map.testing import MapSinkUnderTest, MapSourceUnderTest
 from epochal_sdk import Guarantee
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-def _trimmed(cases: list[Case]) -> list[Case]:
-    """The kit's cases without the ones another test covers, to stay in the CI budget:
-    the aggregate pipeline runs Kafka → Kafka in ``test_kafka_jobs.py`` (both sides at once),
-    and ``job.after_batch`` (a job-level point, not a Kafka protocol step) runs under
-    exactly-once only."""
-    return [
-        c
-        for c in cases
-        if c.pipeline == "copy"
-        and not (c.point == "job.after_batch" and c.guarantee != Guarantee.EXACTLY_ONCE)
-    ]
 
 
 class TestKafkaSourceConformance(ConformanceSuite):
@@ -37,10 +24,10 @@ class TestKafkaSourceConformance(ConformanceSuite):
     scope = "source"
     records = 150
     records_per_batch = 50
-
-    @classmethod
-    def cases(cls) -> list[Case]:
-        return _trimmed(super().cases())
+    aggregate = False  # Kafka → aggregation → Kafka runs in test_kafka_jobs.py
+    real_failures = False  # they run once per connector: in the sink suite
+    source_connector = "kafka"
+    sink_connector = "map"
 
     @pytest.fixture
     def epochal_source(self, kafka_source: KafkaSourceUnderTest) -> KafkaSourceUnderTest:
@@ -60,12 +47,15 @@ class TestKafkaSinkConformance(ConformanceSuite):
     scope = "sink"
     records = 150
     records_per_batch = 50
+    aggregate = False  # Kafka → aggregation → Kafka runs in test_kafka_jobs.py
+    source_connector = "map"
+    sink_connector = "kafka"
 
     @classmethod
-    def cases(cls) -> list[Case]:
+    def cases(cls) -> list[Scenario]:
         return [
             c
-            for c in _trimmed(super().cases())
+            for c in super().cases()
             if not (c.mode == "idempotent" and c.guarantee == Guarantee.EXACTLY_ONCE)
         ]
 

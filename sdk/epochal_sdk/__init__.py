@@ -35,6 +35,7 @@ from epochal_sdk.sinks import (
     TaskContext,
     Transaction,
     TransactionalSink,
+    TransactionId,
     batch_of,
     transaction_prefix,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "Split",
     "TaskContext",
     "Transaction",
+    "TransactionId",
     "TransactionalSink",
     "batch_of",
     "ddl",

@@ -22,6 +22,54 @@ JSON = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged."""
 
 
+@dataclass(frozen=True, order=True)
+class TransactionId:
+    """The one id scheme of transactions driven by the runtime:
+    ``<prefix>.<batch>.<partition>.<run>.<attempt>``, where ``<prefix>`` is
+    ``ep.<job>.<sink id>`` (see :func:`transaction_prefix`).
+
+    Unique per task attempt, the same on a retry of the same step, never random; the run
+    grows at every query start, so a new run never reuses an old id and recovery can tell
+    which run prepared a transaction.
+    """
+
+    prefix: str
+    batch: int
+    partition: int
+    run: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.prefix}.{self.batch}.{self.partition}.{self.run}.{self.attempt}"
+
+    @classmethod
+    def parse(cls, text: str, prefix: str | None = None) -> TransactionId | None:
+        """The id in ``text``, or None if it is not one (or not of ``prefix``: an id of
+        another sink whose prefix merely starts like this one's is not a match)."""
+        head, *rest = text.rsplit(".", 4)
+        if len(rest) != 4 or not all(part.isdigit() for part in rest):
+            return None
+        if prefix is not None and head != prefix:
+            return None
+        batch, partition, run, attempt = (int(part) for part in rest)
+        return cls(head, batch, partition, run, attempt)
+
+    @classmethod
+    def of(cls, text: str) -> TransactionId:
+        """Like :meth:`parse`, but a clear error when ``text`` is not such an id."""
+        parsed = cls.parse(text)
+        if parsed is None:
+            raise ValueError(
+                f"{text!r} is not an epochal transaction id "
+                "(<prefix>.<batch>.<partition>.<run>.<attempt>)"
+            )
+        return parsed
+
+    def batch_prefix(self) -> str:
+        """The prefix of every id of this id's batch (for ``in_doubt`` look-ups)."""
+        return f"{self.prefix}.{self.batch}."
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """Who is writing: the job, the sink, the batch (snapshot epoch), the Spark partition and
@@ -34,7 +82,7 @@ class TaskContext:
     attempt: int
     schema: Schema
     run: int = 0
-    """The job run (it grows at every restart), so a new run never reuses an old id."""
+    """The job run (it grows at every query start), so a new run never reuses an old id."""
 
     @property
     def prefix(self) -> str:
@@ -42,10 +90,15 @@ class TaskContext:
         return transaction_prefix(self.job, self.sink_id)
 
     @property
+    def txn(self) -> TransactionId:
+        """This task attempt's transaction id, as a value."""
+        return TransactionId(self.prefix, self.batch_id, self.partition, self.run, self.attempt)
+
+    @property
     def transaction_id(self) -> str:
         """``<prefix>.<batch>.<partition>.<run>.<attempt>``: unique per task attempt, stable
         across retries of the same step, never random."""
-        return f"{self.prefix}.{self.batch_id}.{self.partition}.{self.run}.{self.attempt}"
+        return str(self.txn)
 
 
 def transaction_prefix(job: str, sink_id: str) -> str:
@@ -54,8 +107,8 @@ def transaction_prefix(job: str, sink_id: str) -> str:
 
 
 def batch_of(transaction_id: str) -> int:
-    """The batch id inside a transaction id made by :attr:`TaskContext.transaction_id`."""
-    return int(transaction_id.rsplit(".", 4)[-4])
+    """The batch id inside a transaction id (see :class:`TransactionId`)."""
+    return TransactionId.of(transaction_id).batch
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ class TestAckConformance(ConformanceSuite):
     # The JMS connector runs this suite at both guarantees against a real broker; with the
     # double, exactly-once (the stored-batch and dedupe path) is what the runtime adds.
     guarantees = (Guarantee.EXACTLY_ONCE,)
+    whole_driver_kills = True
+    real_failures = False  # the JMS suite runs them against a real broker
+    source_connector = "testqueue"
+    sink_connector = "map"
 
     @pytest.fixture(autouse=True)
     def _broker_plugin(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

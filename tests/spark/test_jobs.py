@@ -129,8 +129,8 @@ def _all_entries(base: str) -> list[str]:
     out = []
     for root, _, files in os.walk(base):
         for name in files:
-            if name.endswith(".manifest"):
-                out.append(os.path.relpath(os.path.join(root, name[: -len(".manifest")]), base))
+            if ".tmp-" not in name:
+                out.append(os.path.relpath(os.path.join(root, name), base))
     return sorted(out)
 
 

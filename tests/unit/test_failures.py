@@ -12,7 +12,6 @@ from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, c
 from epochal.spark.datasource import _job_start_checks
 from epochal_sdk import (
     ConfigError,
-    FencedError,
     GuaranteeError,
     RestartableError,
     SnapshotError,
@@ -53,7 +52,6 @@ def test_restartable(text: str) -> None:
         traceback_of(GuaranteeError("sink can give at most at-least-once")),
         traceback_of(ConfigError("map", "map", "is required", "Set it.")),
         traceback_of(SnapshotError("snapshot entry 'x' is corrupt")),
-        traceback_of(FencedError("lease epoch 3 but the job is at 4")),
         "pyspark.errors.exceptions.captured.AnalysisException: [UNRESOLVED_COLUMN] `vlue`",
         traceback_of(ZeroDivisionError("division by zero")),
         "something nobody has seen before",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,7 +78,7 @@ print("survived", flush=True)
 def reach_in_subprocess(
     plan: str, marker_dir: Path, point: str, batch: int
 ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "EPOCHAL_DRIVER_PGID"}
+    env = {k: v for k, v in os.environ.items() if k != "EPOCHAL_RUN_TOKEN"}
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, plan, str(marker_dir), point, str(batch)],
         env=env,
@@ -92,14 +93,14 @@ def test_a_driver_fault_fires_once(tmp_path: Path) -> None:
     first = reach_in_subprocess("sink.after_commit@3", markers, "sink.after_commit", 3)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert "survived" not in first.stdout
-    assert "crash point sink.after_commit at batch 3" in first.stderr
+    assert "fault sink.after_commit@3 at batch 3: driver" in first.stderr
     assert FaultPlan.parse("sink.after_commit@3", str(markers)).fired() == ["sink.after_commit@3"]
 
     second = reach_in_subprocess("sink.after_commit@3", markers, "sink.after_commit", 3)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "survived"
-    marker = (markers / "sink.after_commit@3").read_text()
-    assert marker.strip().isdigit()  # the pid of the process that fired it
+    marker = json.loads((markers / "sink.after_commit@3").read_text())
+    assert marker["pid"] > 0  # the process that fired it
 
 
 def test_an_executor_fault_outside_an_executor_kills_the_worker(tmp_path: Path) -> None:
@@ -135,3 +136,43 @@ def test_a_fault_already_fired_does_not_fire_again_in_this_process(tmp_path: Pat
 def test_fired_without_markers() -> None:
     assert FaultPlan.parse("job.after_batch").fired() == []
     assert FaultPlan.parse("job.after_batch", "/nonexistent/epochal-markers").fired() == []
+
+
+def test_parse_actions_and_sequences() -> None:
+    plan = FaultPlan.parse("source.after_plan > sink.after_decision@3:worker > job.after_batch")
+    assert plan.sequential
+    assert plan.faults == (
+        Fault("source.after_plan"),
+        Fault("sink.after_decision", 3, "worker"),
+        Fault("job.after_batch"),
+    )
+    assert [f.kind for f in plan.faults] == ["driver", "worker", "driver"]
+    assert Fault("sink.after_write").kind == "executor"
+    with pytest.raises(ConfigError, match="unknown action 'explode'"):
+        FaultPlan.parse("sink.after_write:explode")
+
+
+def test_a_sequence_arms_one_fault_at_a_time(tmp_path: Path) -> None:
+    """Only the next fault of a sequence can fire: a later one is skipped until the one
+    before it fired (here the markers stand for faults that fired in earlier processes)."""
+    markers = tmp_path / "faults"
+    plan = FaultPlan.parse("job.after_batch > sink.after_commit", str(markers))
+    plan.reach("sink.after_commit", 1)  # not armed yet: would kill this process otherwise
+    assert plan.fired() == []
+    markers.mkdir()
+    (markers / "000-job.after_batch").write_text("{}")
+    assert plan.fired() == ["job.after_batch"]
+    plan.reach("job.after_batch", 2)  # fired already: never again
+    done = reach_in_subprocess(
+        "job.after_batch > sink.after_commit", markers, "sink.after_commit", 5
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert plan.fired() == ["job.after_batch", "sink.after_commit"]
+
+
+def test_a_worker_fault_kills_only_that_process(tmp_path: Path) -> None:
+    done = reach_in_subprocess(
+        "sink.after_decision:worker", tmp_path / "faults", "sink.after_decision", 1
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert "sink.after_decision:worker at batch 1: worker" in done.stderr

@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from epochal.config import JobConfig
+from epochal.context import JobContext
 from epochal.jobs import (
     JobDirectory,
     JobError,
     JobRecord,
     JobStatus,
+    LeaseHeldError,
+    LeaseLostError,
     list_jobs,
     new_owner,
 )
-from epochal.store import get_record, put_record
+from epochal.processes import RUN_TOKEN_ENV, new_run_token, processes_of
+from epochal.store import StateMovedError, get_record, put_record
 from epochal.supervisor import request
+from epochal_sdk import FencedError
 
 # `epochal.jobs` as an attribute is the `jobs()` function of epochal/__init__.py, which hides
 # the module (see test_the_jobs_module_is_reachable_as_an_attribute)
@@ -60,8 +68,9 @@ def test_save_and_load(snapshots: str) -> None:
     assert loaded.updated >= before
     assert loaded.job_config == JobConfig(snapshot_dir=snapshots)
     assert jobdir.path == f"{snapshots}/orders-daily_2"
-    assert jobdir.checkpoint == f"{snapshots}/orders-daily_2/checkpoint"
-    assert jobdir.store.root == f"{snapshots}/orders-daily_2/store"
+    # never leased: the state of epoch 0
+    assert jobdir.checkpoint == f"{snapshots}/orders-daily_2/epochs/0/checkpoint"
+    assert jobdir.store.root == f"{snapshots}/orders-daily_2/epochs/0/store"
     assert os.path.isfile(f"{snapshots}/orders-daily_2/job.json")
 
 
@@ -193,11 +202,94 @@ def test_an_expired_lease_can_be_taken(snapshots: str) -> None:
     assert jobdir.renew_lease(first, 1) is False
 
 
-def test_lease_ttl_is_read_at_acquire_time(snapshots: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lease_carries_its_own_ttl(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    jobdir.acquire_lease(new_owner(), ttl=2.0)
+    assert jobdir.lease()["ttl"] == 2.0
+    lease = jobdir.lease()
+    lease["renewed"] = time.time() - 2.5
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    assert jobdir.acquire_lease(new_owner()) == 2
+
+
+def test_taking_the_lease_over_moves_the_state_to_the_new_epoch(snapshots: str) -> None:
+    """The zombie's view: its state directory (and so every path it holds) is gone once
+    another owner took over; what it wrote before is in the new owner's state."""
+    jobdir = saved(snapshots)
+    first, second = new_owner(), new_owner()
+    epoch = jobdir.acquire_lease(first)
+    zombie = JobContext(job="orders", job_dir=jobdir.path, lease_epoch=epoch, supervised=True)
+    zombie_store = zombie.store("test")
+    zombie_store.write_json("sinks/s/decisions/000000000001", {"by": "zombie, before"})
+    os.makedirs(f"{jobdir.checkpoint}/commits")
+    Path(jobdir.checkpoint, "commits", "1").write_text("v1")
+    zombie.check_fence("deciding")  # still the owner
+
+    taken = jobdir.acquire_lease(second, force=True)
+
+    assert taken == epoch + 1
+    assert jobdir.checkpoint == f"{jobdir.path}/epochs/{taken}/checkpoint"
+    assert Path(jobdir.checkpoint, "commits", "1").read_text() == "v1"
+    assert jobdir.store.read_json("sinks/s/decisions/000000000001") == {"by": "zombie, before"}
+    assert sorted(os.listdir(f"{jobdir.path}/epochs")) == [str(taken)]
+    with pytest.raises(FencedError, match=f"holds lease epoch {epoch}.*at epoch {taken}"):
+        zombie.check_fence("deciding batch 2")
+    with pytest.raises(StateMovedError):
+        zombie_store.write_json("sinks/s/decisions/000000000002", {"by": "zombie, after"})
+    assert not jobdir.store.exists("sinks/s/decisions/000000000002")
+    JobContext(job="orders", job_dir=jobdir.path, lease_epoch=taken, supervised=True).check_fence(
+        "the new owner decides"
+    )
+
+
+def test_a_dead_owner_on_this_host_is_taken_over_at_once(snapshots: str) -> None:
+    """The seeds' split-brain rule: the old one stops before the new one starts. A
+    supervisor known dead (same host, its pid gone) is not waited for; what is left of its
+    driver run (processes carrying its token) is killed before the new epoch starts."""
+    jobdir = saved(snapshots)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    token = new_run_token()
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, RUN_TOKEN_ENV: token},
+    )
+    try:
+        jobdir.acquire_lease(new_owner())
+        lease = jobdir.lease()
+        lease.update(pid=dead.pid, tokens=[token])
+        put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+        assert jobdir.takeover_wait(lease) == 0
+        assert jobdir.acquire_lease(new_owner()) == 2  # no wait, no --force
+        assert orphan.wait(10) == -signal.SIGKILL
+        assert processes_of(token) == []
+    finally:
+        orphan.kill()
+
+
+def test_a_live_owner_elsewhere_must_expire(snapshots: str) -> None:
     jobdir = saved(snapshots)
     jobdir.acquire_lease(new_owner())
-    monkeypatch.setattr(JOBS, "LEASE_TTL", 0.0)
-    assert jobdir.acquire_lease(new_owner()) == 2
+    lease = jobdir.lease()
+    lease.update(host="another-machine", pid=1)
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    with pytest.raises(LeaseHeldError) as info:
+        jobdir.acquire_lease(new_owner())
+    assert 0 < info.value.wait <= JOBS.LEASE_TTL
+
+
+def test_advance_epoch_keeps_the_owner_and_fences_its_previous_driver(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    owner = new_owner()
+    epoch = jobdir.acquire_lease(owner)
+    jobdir.store.write_json("k", {"v": 1})
+    assert jobdir.advance_epoch(owner, epoch) == epoch + 1
+    assert jobdir.store.read_json("k") == {"v": 1}
+    assert jobdir.lease()["owner"] == owner
+    with pytest.raises(LeaseLostError):
+        jobdir.advance_epoch(owner, epoch)  # a stale epoch
+    with pytest.raises(LeaseLostError):
+        jobdir.advance_epoch(new_owner(), epoch + 1)
 
 
 def test_release_keeps_the_epoch_and_frees_the_lease(snapshots: str) -> None:

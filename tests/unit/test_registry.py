@@ -161,3 +161,11 @@ def test_an_extra_plugin_that_is_also_installed_is_loaded_once(
     registry.plugin_manager.cache_clear()
     assert registry.connectors()["map"] is MapConnector
     assert "testqueue" not in registry.connectors()
+
+
+def test_a_part_id_does_not_change_with_the_checkpoint() -> None:
+    """The checkpoint moves to the new lease epoch's directory at every take-over; a sink's
+    id (its snapshot entries, its transaction ids) must stay the same."""
+    first = registry.part_id("map", {"path": "x", "checkpointLocation": "/j/epochs/1/checkpoint"})
+    again = registry.part_id("map", {"path": "x", "checkpointLocation": "/j/epochs/2/checkpoint"})
+    assert first == again == registry.part_id("map", {"path": "x"})

@@ -1,4 +1,5 @@
-"""SnapshotStore: entries with manifests, verification, exclusive creation, records."""
+"""SnapshotStore: self-checking entries, verification, exclusive creation, the anchor that
+fences a run whose state moved, records."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from epochal.store import MANIFEST, SnapshotStore, get_record, put_record
-from epochal_sdk import SnapshotError
+from epochal.store import (
+    MAGIC,
+    EntryExistsError,
+    SnapshotStore,
+    StateMovedError,
+    get_record,
+    put_record,
+)
+from epochal_sdk import FencedError, SnapshotError
 
 
 @pytest.fixture
@@ -32,10 +40,10 @@ def test_write_read_exists(store: SnapshotStore, tmp_path: Path) -> None:
     assert manifest.size == 5
     assert manifest.count == 2
     assert store.manifest("a/b") == manifest
-    assert (tmp_path / "store" / "a" / "b").read_bytes() == b"hello"
-    assert (tmp_path / "store" / "a" / f"b{MANIFEST}").exists()
+    raw = (tmp_path / "store" / "a" / "b").read_bytes()
+    assert raw.startswith(MAGIC) and raw.endswith(b"\nhello")  # one file: header + data
     # no temporary files are left behind
-    assert sorted(os.listdir(tmp_path / "store" / "a")) == ["b", f"b{MANIFEST}"]
+    assert sorted(os.listdir(tmp_path / "store" / "a")) == ["b"]
 
 
 def test_overwrite_replaces_the_entry(store: SnapshotStore) -> None:
@@ -56,15 +64,47 @@ def test_read_of_a_missing_entry(store: SnapshotStore) -> None:
         store.read("nope")
 
 
-def test_a_data_file_without_manifest_is_invisible(store: SnapshotStore, tmp_path: Path) -> None:
+def test_temporary_files_are_invisible(store: SnapshotStore, tmp_path: Path) -> None:
     store.write("dir/kept", b"1")
-    (tmp_path / "store" / "dir" / "torn").write_bytes(b"interrupted write")
-    (tmp_path / "store" / "dir" / "kept.tmp-123").write_bytes(b"tmp")
-    assert not store.exists("dir/torn")
+    (tmp_path / "store" / "dir" / "kept.tmp-123").write_bytes(b"interrupted write")
     assert store.list("dir") == ["dir/kept"]
-    with pytest.raises(SnapshotError, match="missing"):
-        store.read("dir/torn")
     assert store.verify() == (1, [])
+
+
+def test_a_file_without_header_is_refused(store: SnapshotStore, tmp_path: Path) -> None:
+    (tmp_path / "store" / "dir").mkdir(parents=True)
+    (tmp_path / "store" / "dir" / "foreign").write_bytes(b"not written by epochal")
+    with pytest.raises(SnapshotError, match=r"'dir/foreign'.*not an epochal entry"):
+        store.read("dir/foreign")
+
+
+def test_exclusive_write_keeps_the_first(store: SnapshotStore, tmp_path: Path) -> None:
+    store.write_json("sinks/s/decisions/000000000001", {"by": "first"}, exclusive=True)
+    with pytest.raises(EntryExistsError):
+        store.write_json("sinks/s/decisions/000000000001", {"by": "second"}, exclusive=True)
+    assert store.read_json("sinks/s/decisions/000000000001") == {"by": "first"}
+    assert os.listdir(tmp_path / "store" / "sinks" / "s" / "decisions") == ["000000000001"]
+
+
+def test_an_anchored_store_refuses_to_act_once_its_state_moved(tmp_path: Path) -> None:
+    """The fence of a zombie: its state directory was moved by a take-over; every read or
+    write through the old path fails instead of landing where nobody reads."""
+    state = tmp_path / "epochs" / "1"
+    state.mkdir(parents=True)
+    store = SnapshotStore(str(state / "store"), anchor=str(state))
+    store.write("k", b"before")
+    state.rename(tmp_path / "epochs" / "2")
+    for act in (
+        lambda: store.write("k2", b"after"),
+        lambda: store.read("k"),
+        lambda: store.exists("k"),
+        lambda: store.list(""),
+    ):
+        with pytest.raises(StateMovedError, match="another driver took this job over"):
+            act()
+    assert isinstance(StateMovedError("x"), FencedError)
+    assert not state.exists()  # the write did not re-create the moved directory
+    assert SnapshotStore(str(tmp_path / "epochs" / "2" / "store")).read("k") == b"before"
 
 
 def test_list_is_sorted_and_direct_children_only(store: SnapshotStore) -> None:
@@ -77,7 +117,8 @@ def test_list_is_sorted_and_direct_children_only(store: SnapshotStore) -> None:
 
 def test_corrupt_data_is_refused(store: SnapshotStore, tmp_path: Path) -> None:
     store.write("sinks/s/decisions/000000000003", b'{"batch": 3}')
-    flip_byte(tmp_path / "store" / "sinks" / "s" / "decisions" / "000000000003", 3)
+    path = tmp_path / "store" / "sinks" / "s" / "decisions" / "000000000003"
+    flip_byte(path, len(path.read_bytes()) - 3)
     with pytest.raises(SnapshotError) as info:
         store.read("sinks/s/decisions/000000000003")
     message = str(info.value)
@@ -88,26 +129,19 @@ def test_corrupt_data_is_refused(store: SnapshotStore, tmp_path: Path) -> None:
 
 def test_truncated_data_is_refused(store: SnapshotStore, tmp_path: Path) -> None:
     store.write("k", b"0123456789")
-    (tmp_path / "store" / "k").write_bytes(b"01234")
-    with pytest.raises(SnapshotError, match=r"'k'.*size 5 bytes, manifest says 10"):
+    path = tmp_path / "store" / "k"
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(SnapshotError, match=r"'k'.*size 5 bytes, header says 10"):
         store.read("k")
 
 
-def test_missing_data_with_manifest(store: SnapshotStore, tmp_path: Path) -> None:
+def test_corrupt_header(store: SnapshotStore, tmp_path: Path) -> None:
     store.write("k", b"data")
-    (tmp_path / "store" / "k").unlink()
-    assert store.exists("k")
-    with pytest.raises(SnapshotError, match=r"'k'.*the manifest exists but the data is missing"):
+    (tmp_path / "store" / "k").write_bytes(MAGIC + b'{"size": 4, "sha2\ndata')
+    with pytest.raises(SnapshotError, match=r"'k'.*its header is corrupt"):
         store.read("k")
-
-
-def test_corrupt_manifest(store: SnapshotStore, tmp_path: Path) -> None:
-    store.write("k", b"data")
-    (tmp_path / "store" / f"k{MANIFEST}").write_bytes(b'{"size": 4, "sha2')
-    with pytest.raises(SnapshotError, match=r"'k'.*its manifest is corrupt"):
-        store.read("k")
-    (tmp_path / "store" / f"k{MANIFEST}").write_text(json.dumps({"size": 4}))
-    with pytest.raises(SnapshotError, match="manifest is corrupt"):
+    (tmp_path / "store" / "k").write_bytes(MAGIC + json.dumps({"size": 4}).encode() + b"\nx")
+    with pytest.raises(SnapshotError, match="header is corrupt"):
         store.manifest("k")
 
 
@@ -118,13 +152,15 @@ def test_verify_counts_and_reports(store: SnapshotStore, tmp_path: Path) -> None
     store.write("b/c/three", b"333")
     assert store.verify() == (3, [])
     assert store.verify("a") == (2, [])
-    flip_byte(tmp_path / "store" / "a" / "two")
-    (tmp_path / "store" / "b" / "c" / "three").unlink()
+    path = tmp_path / "store" / "a" / "two"
+    flip_byte(path, len(path.read_bytes()) - 1)
+    three = tmp_path / "store" / "b" / "c" / "three"
+    three.write_bytes(three.read_bytes()[:-1])
     checked, problems = store.verify()
     assert checked == 3
     assert len(problems) == 2
     assert any("'a/two'" in p and "corrupt" in p for p in problems)
-    assert any("'b/c/three'" in p and "data is missing" in p for p in problems)
+    assert any("'b/c/three'" in p and "size 2 bytes" in p for p in problems)
 
 
 def test_delete_and_delete_tree(store: SnapshotStore, tmp_path: Path) -> None:
@@ -152,8 +188,8 @@ def test_records_round_trip(store: SnapshotStore) -> None:
     assert get_record(store, "job.json") == {"name": "j", "run": 1, "tags": ["a"]}
     put_record(store, "job.json", {"name": "j", "run": 2})
     assert get_record(store, "job.json") == {"name": "j", "run": 2}
-    # records are not entries
-    assert not store.exists("job.json")
+    with pytest.raises(SnapshotError, match="not an epochal entry"):  # records are not entries
+        store.read("job.json")
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from epochal.config import JobConfig
+from epochal.context import JobContext
+from epochal.fence import LEASE_RECORD
+from epochal.jobs import JobDirectory, JobRecord, new_owner
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
-from epochal.store import SnapshotStore
+from epochal.store import SnapshotStore, put_record
 from epochal_map.sink import MapSink
 from epochal_map.store import MapStore
 from epochal_sdk import FencedError, Field, Options, Prepared, TaskContext, transaction_prefix
@@ -54,8 +58,9 @@ def prepare(
     attempt: int = 0,
     job: str = JOB,
     sink_id: str = SINK_ID,
+    run: int = 1,
 ) -> Prepared:
-    task = TaskContext(job, sink_id, batch, partition, attempt, SCHEMA, run=1)
+    task = TaskContext(job, sink_id, batch, partition, attempt, SCHEMA, run=run)
     txn = sink.begin(task)
     txn.write(pa.RecordBatch.from_pydict({"key": list(rows), "value": list(rows.values())}))
     data = txn.prepare()
@@ -140,7 +145,7 @@ def test_crash_after_decision_is_finished_by_recovery(
     prepared = [prepare(sink, 3, 0, {"a": "1"}), prepare(sink, 3, 1, {"b": "2"})]
     with pytest.raises(CrashError):
         protocol(store, sink, step=step).commit_batch(3, prepared)
-    assert seen == [("sink.after_decision", 3)]
+    assert seen == [("sink.before_decision", 3), ("sink.after_decision", 3)]
     assert entries(path) == {}
 
     # a new run: a fresh sink and protocol on the same files
@@ -249,22 +254,98 @@ def test_prune_removes_old_done_batches_only(store: SnapshotStore, sink: MapSink
     assert not tpc.is_decided(3)
 
 
-def test_fenced_driver_decides_nothing(path: Path, store: SnapshotStore, sink: MapSink) -> None:
+@pytest.fixture
+def leased(tmp_path: Path) -> JobDirectory:
+    """A job whose lease a first driver holds at epoch 1."""
+    jobdir = JobDirectory(str(tmp_path / "snapshots"), "orders")
+    jobdir.save(JobRecord("orders", "m:f", JobConfig().to_dict()))
+    jobdir.acquire_lease(new_owner())
+    return jobdir
+
+
+def run_protocol(jobdir: JobDirectory, sink: MapSink, epoch: int, run: int) -> TwoPhaseCommit:
+    """The protocol as a driver run at ``epoch`` sees it (its anchored store, its fence)."""
+    context = JobContext(job=JOB, job_dir=jobdir.path, lease_epoch=epoch, run=run, supervised=True)
+    return protocol(
+        context.store("map"), sink, run=run, fence=context.check_fence, lease_epoch=epoch
+    )
+
+
+def test_fenced_driver_decides_nothing(path: Path, leased: JobDirectory, sink: MapSink) -> None:
+    """The fence check itself: the lease already shows the new epoch, the state has not been
+    moved yet (the moment in between of a take-over). Without the check the zombie would
+    decide and commit here."""
     prepared = [prepare(sink, 11, 0, {"z": "1"})]
-    zombie = protocol(store, sink, lease_epoch=4, current_epoch=lambda: 5)
+    zombie = run_protocol(leased, sink, epoch=1, run=1)
+    lease = leased.lease()
+    put_record(leased.files, LEASE_RECORD, {**lease, "epoch": 2, "owner": new_owner()})
     with pytest.raises(FencedError) as info:
         zombie.commit_batch(11, prepared)
-    assert "lease epoch 4" in str(info.value)
-    assert "at epoch 5" in str(info.value)
+    assert "holds lease epoch 1" in str(info.value)
+    assert "at epoch 2" in str(info.value)
     assert not zombie.is_decided(11)
-    assert store.list(f"sinks/{SINK_ID}/decisions") == []
     assert state(path, prepared[0].transaction_id) == "prepared"
     assert entries(path) == {}
-    # the owner of the current epoch decides
-    owner = protocol(store, sink, lease_epoch=5, current_epoch=lambda: 5)
-    owner.commit_batch(11, prepared)
+    put_record(leased.files, LEASE_RECORD, lease)
+    leased.acquire_lease(new_owner(), force=True)  # the take-over completes: epoch 2
+    # the owner of the current epoch recovers: the zombie's undecided transaction goes
+    owner = run_protocol(leased, sink, epoch=2, run=2)
+    assert not owner.is_decided(11)
+    assert owner.recover().rolled_back == [prepared[0].transaction_id]
+    replayed = [prepare(sink, 11, 0, {"z": "1"}, run=2)]
+    owner.commit_batch(11, replayed)
     assert entries(path) == {"z": "1"}
-    assert store.read_json(f"sinks/{SINK_ID}/decisions/000000000011")["lease_epoch"] == 5
+    assert leased.store.read_json(f"sinks/{SINK_ID}/decisions/000000000011")["lease_epoch"] == 2
+
+
+def test_a_decision_recorded_before_a_take_over_is_completed_by_the_new_owner(
+    path: Path, leased: JobDirectory, sink: MapSink
+) -> None:
+    """The zombie recorded its decision, then lost the lease before phase 2: it commits
+    nothing (the check after the record), the new owner's recovery commits it all."""
+    prepared = [prepare(sink, 5, p, {f"k{p}": str(p)}) for p in range(2)]
+    context = JobContext(job=JOB, job_dir=leased.path, lease_epoch=1, run=1, supervised=True)
+    checks: list[str] = []
+
+    def fence_then_lose_the_lease(doing: str) -> None:
+        checks.append(doing)
+        if len(checks) == 2:  # the check right after the decision was recorded
+            leased.acquire_lease(new_owner(), force=True)
+        context.check_fence(doing)
+
+    zombie = protocol(context.store("map"), sink, run=1, fence=fence_then_lose_the_lease)
+    with pytest.raises(FencedError):
+        zombie.commit_batch(5, prepared)
+    assert checks == ["batch 5: deciding the commit", "batch 5: decision recorded"]
+    assert entries(path) == {}  # no phase 2 by the zombie
+    report = run_protocol(leased, sink, epoch=2, run=2).recover()
+    assert report.completed_batches == [5]
+    assert entries(path) == {"k0": "0", "k1": "1"}
+
+
+def test_recovery_never_touches_a_newer_run(
+    path: Path, store: SnapshotStore, sink: MapSink
+) -> None:
+    """A zombie (run 1) recovering late must not roll back what the new owner's run 2
+    prepared and is about to decide; its own earlier attempts it may."""
+    newer = prepare(sink, 4, 0, {"new": "1"}, run=2)
+    older = prepare(sink, 4, 0, {"old": "1"}, run=1)
+    report = protocol(store, sink, run=2).recover()  # run 2 recovers runs before it
+    assert report.rolled_back == [older.transaction_id]
+    assert state(path, newer.transaction_id) == "prepared"
+    assert protocol(store, sink, run=1).rollback_strays(4) == 0
+    assert state(path, newer.transaction_id) == "prepared"
+
+
+def test_a_zombie_with_moved_state_recovers_nothing(
+    path: Path, leased: JobDirectory, sink: MapSink
+) -> None:
+    undecided = prepare(sink, 3, 0, {"u": "1"}, run=2)
+    zombie = run_protocol(leased, sink, epoch=1, run=3)
+    leased.acquire_lease(new_owner(), force=True)
+    with pytest.raises(FencedError):
+        zombie.recover()
+    assert state(path, undecided.transaction_id) == "prepared"
 
 
 def test_batches_of() -> None:

@@ -55,21 +55,22 @@ def test_sound_store_entries(jobdir: JobDirectory) -> None:
 def test_a_corrupt_entry_is_reported(jobdir: JobDirectory) -> None:
     jobdir.store.write_json("sinks/s/decisions/000000000001", {"batch": 1})
     jobdir.store.write_json("sinks/s/decisions/000000000002", {"batch": 2})
-    path = Path(jobdir.path, "store", "sinks", "s", "decisions", "000000000002")
-    path.write_text(path.read_text().replace("2", "7"))
+    path = Path(jobdir.store.base, "sinks", "s", "decisions", "000000000002")
+    path.write_bytes(path.read_bytes().replace(b'{"batch": 2}', b'{"batch": 7}'))
     problems = verify_job(jobdir)
     assert len(problems) == 1
     assert "'sinks/s/decisions/000000000002'" in problems[0]
     assert "corrupt" in problems[0]
 
 
-def test_a_missing_entry_is_reported(jobdir: JobDirectory) -> None:
+def test_a_truncated_entry_is_reported(jobdir: JobDirectory) -> None:
     jobdir.store.write_json("sinks/s/done/000000000004", {"batch": 4})
-    os.unlink(Path(jobdir.path, "store", "sinks", "s", "done", "000000000004"))
+    path = Path(jobdir.store.base, "sinks", "s", "done", "000000000004")
+    path.write_bytes(path.read_bytes()[:-3])
     problems = verify_job(jobdir)
     assert len(problems) == 1
     assert "'sinks/s/done/000000000004'" in problems[0]
-    assert "missing" in problems[0]
+    assert "size" in problems[0]
 
 
 def test_progress_without_a_checkpoint(jobdir: JobDirectory) -> None:
@@ -123,8 +124,9 @@ def test_only_the_last_two_batches_are_compared(jobdir: JobDirectory) -> None:
 def test_a_corrupt_checksum_entry(jobdir: JobDirectory) -> None:
     checkpoint_batch(jobdir, 3)
     set_progress(jobdir, 3)
-    entry = Path(jobdir.path, "store", "checkpoint", "000000000003")
-    entry.write_text(entry.read_text().replace("a", "b", 1))
+    entry = Path(jobdir.store.base, "checkpoint", "000000000003")
+    head, _, body = entry.read_bytes().partition(b"\n")
+    entry.write_bytes(head + b"\n" + body.replace(b"a", b"b", 1))
     problems = verify_job(jobdir)
     assert problems
     assert all("'checkpoint/000000000003'" in p for p in problems)

@@ -12,6 +12,10 @@ Dropped redeliveries are acknowledged too (at once if their batch is already com
 with their batch). The IDs of the last ``window_batches`` batches (at most ``window_ids`` IDs)
 form the dedupe window; it is rebuilt from the store after a restart. A redelivered message
 older than the window is passed on and logged loudly, never dropped or passed silently.
+
+Fencing (see :mod:`epochal.fence`): a stored batch is handed to Spark only if the fence still
+holds after it was stored, and acknowledgements are sent only after a fence check, so a
+driver that lost the job's lease neither plans nor acknowledges anything.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ log = logging.getLogger("epochal.ack")
 
 ID_COLUMN = "__epochal_message_id"
 Step = Callable[[str, int], None]
+FenceCheck = Callable[[str], None]
 
 
 @dataclass
@@ -96,10 +101,12 @@ class AckProtocol:
         window_batches: int = 100,
         window_ids: int = 1_000_000,
         step: Step | None = None,
+        fence: FenceCheck | None = None,
     ) -> None:
         self.store, self.source, self.source_id, self.schema = store, source, source_id, schema
         self.stats = DedupeStats(window_batches, window_ids)
         self.step = step or (lambda point, batch: None)
+        self.fence = fence or (lambda doing: None)
         self.state = AckState()
         self._restore()
 
@@ -140,6 +147,7 @@ class AckProtocol:
             return start_seq
         seq = start_seq + 1
         self.store.write(self.batch_key(seq), encode_batch(kept, self.schema), count=len(kept))
+        self.fence(f"stored batch {seq}: handing it to Spark")
         for message in kept:
             self.state.window[message.id] = seq
         self.state.last_stored = seq
@@ -181,6 +189,7 @@ class AckProtocol:
         Returns how many IDs were acknowledged."""
         acked = 0
         self.step("ack_source.before_ack", end_seq)
+        self.fence(f"acknowledging up to stored batch {end_seq}")
         first = max(self.state.last_acked, 0) + 1
         for seq in range(first, end_seq + 1):
             if not self.store.exists(self.batch_key(seq)):

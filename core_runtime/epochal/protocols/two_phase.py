@@ -3,14 +3,20 @@
 Phase 1 happens in the tasks (``begin``/``write``/``prepare``). On the driver, for batch B:
 
 1. :meth:`TwoPhaseCommit.decide` records the decision (the prepared transactions of B)
-   durably in the snapshot store. From here on B *will* be committed, whatever crashes.
+   durably in the snapshot store, as an entry that is never overwritten (the first writer
+   wins). From here on B *will* be committed, whatever crashes.
 2. :meth:`TwoPhaseCommit.complete` commits every transaction of the decision (phase 2; the
    sink's ``commit`` is idempotent, so a retry after a crash is safe), rolls back the other
    prepared transactions of B (failed task attempts) and records that B is done.
 
 Recovery (:meth:`TwoPhaseCommit.recover`, at the start of every run, before any task): finish
-every decided batch, roll back every other in-doubt transaction of the job. A replayed batch
-that was already decided writes nothing (:meth:`is_decided` is checked by the tasks).
+every decided batch, roll back every other in-doubt transaction of earlier runs. A replayed
+batch that was already decided writes nothing (:meth:`is_decided` is checked by the tasks).
+
+Fencing (see :mod:`epochal.fence`): the fence is checked before a decision, after it is
+recorded, before phase 2 and before recovery rolls anything back; a run only ever rolls back
+transactions of its own or earlier runs (the run is part of every transaction id), so a
+zombie can never undo what a newer run prepared.
 """
 
 from __future__ import annotations
@@ -19,15 +25,20 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from epochal.store import SnapshotStore
-from epochal_sdk import FencedError, Prepared, TransactionalSink, batch_of
+from epochal.store import EntryExistsError, SnapshotStore
+from epochal_sdk import Prepared, TransactionalSink, TransactionId
 
 log = logging.getLogger("epochal.2pc")
 
 Step = Callable[[str, int], None]
+FenceCheck = Callable[[str], None]
 
 
 def _no_step(point: str, batch: int) -> None:
+    return None
+
+
+def _no_fence(doing: str) -> None:
     return None
 
 
@@ -47,7 +58,19 @@ class RecoveryReport:
 
 
 class TwoPhaseCommit:
-    """Drives one transactional sink of one job through the protocol."""
+    """Drives one transactional sink of one job through the protocol.
+
+    Args:
+        store: the run's snapshot store (None for a query without one: only stray
+            roll-back works then).
+        sink: the connector's sink.
+        sink_id: the sink's id in the job.
+        prefix: the transaction id prefix of the sink (``transaction_prefix``).
+        run: the run this protocol acts for; transactions of later runs are never touched.
+        step: called at each named protocol step (crash points in tests).
+        fence: raises ``FencedError`` when this run no longer holds the job's lease.
+        lease_epoch: recorded with each decision (for operators).
+    """
 
     def __init__(
         self,
@@ -56,14 +79,16 @@ class TwoPhaseCommit:
         sink_id: str,
         prefix: str,
         *,
+        run: int | None = None,
         step: Step = _no_step,
+        fence: FenceCheck = _no_fence,
         lease_epoch: int = 0,
-        current_epoch: Callable[[], int] | None = None,
     ) -> None:
         self.store, self.sink, self.sink_id, self.prefix = store, sink, sink_id, prefix
+        self.run = run
         self.step = step
+        self.fence = fence
         self.lease_epoch = lease_epoch
-        self.current_epoch = current_epoch
 
     def _decision_key(self, batch: int) -> str:
         return f"sinks/{self.sink_id}/decisions/{batch:012d}"
@@ -71,46 +96,65 @@ class TwoPhaseCommit:
     def _done_key(self, batch: int) -> str:
         return f"sinks/{self.sink_id}/done/{batch:012d}"
 
+    def _store(self) -> SnapshotStore:
+        if self.store is None:
+            raise RuntimeError("the two-phase commit protocol needs a snapshot store here")
+        return self.store
+
     def is_decided(self, batch: int) -> bool:
         """Whether batch ``batch`` has a recorded commit decision."""
-        return self.store.exists(self._decision_key(batch))
+        return self._store().exists(self._decision_key(batch))
 
     def decision(self, batch: int) -> list[Prepared]:
         """The transactions decided for ``batch`` (verified read)."""
-        record = self.store.read_json(self._decision_key(batch))
+        record = self._store().read_json(self._decision_key(batch))
         return [Prepared(t["id"], t.get("data")) for t in record["transactions"]]
 
     def decide(self, batch: int, prepared: Iterable[Prepared]) -> list[Prepared]:
-        """Record the decision for ``batch`` durably (once: a second call keeps the first)."""
+        """Record the decision for ``batch`` durably (once: a second call, or a second
+        writer, keeps the first decision)."""
         if self.is_decided(batch):
             return self.decision(batch)
-        self._check_fence(batch)
         chosen = list(prepared)
+        self.step("sink.before_decision", batch)
+        self.fence(f"batch {batch}: deciding the commit")
         record = {
             "batch": batch,
             "lease_epoch": self.lease_epoch,
+            "run": self.run,
             "transactions": [{"id": p.transaction_id, "data": p.data} for p in chosen],
         }
-        self.store.write_json(self._decision_key(batch), record, count=len(chosen))
+        try:
+            self._store().write_json(
+                self._decision_key(batch), record, count=len(chosen), exclusive=True
+            )
+        except EntryExistsError:
+            log.warning("batch %s was decided by another writer; keeping its decision", batch)
+            self.fence(f"batch {batch}: decided by another writer")
+            return self.decision(batch)
+        # Recorded before a take-over moved the state: the new owner completes it. After:
+        # the write failed above. Either way, a run that lost the lease stops here.
+        self.fence(f"batch {batch}: decision recorded")
         self.step("sink.after_decision", batch)
         return chosen
 
     def complete(self, batch: int) -> None:
         """Phase 2 for a decided batch, then roll back its other prepared attempts."""
         decided = self.decision(batch)
+        self.fence(f"batch {batch}: phase-2 commit")
         for index, prepared in enumerate(decided):
             self.sink.commit(prepared)
             if index == 0 and len(decided) > 1:
                 self.step("sink.mid_commit", batch)
         self.rollback_strays(batch, keep={p.transaction_id for p in decided})
-        if not self.store.exists(self._done_key(batch)):
-            self.store.write_json(self._done_key(batch), {"batch": batch}, count=len(decided))
+        if not self._store().exists(self._done_key(batch)):
+            self._store().write_json(self._done_key(batch), {"batch": batch}, count=len(decided))
 
     def rollback_strays(self, batch: int, keep: set[str] | frozenset[str] = frozenset()) -> int:
         """Roll back the prepared transactions of ``batch`` not in ``keep`` (attempts of
-        tasks that died after phase 1). Returns how many."""
+        tasks that died after phase 1) of this run or earlier ones. Returns how many."""
         count = 0
-        for stray in self._in_doubt(batch):
+        for stray in self._in_doubt(batch, up_to_run=self.run):
             if stray.transaction_id not in keep:
                 log.info("batch %s: rolling back failed attempt %s", batch, stray.transaction_id)
                 self.sink.rollback(stray)
@@ -128,17 +172,19 @@ class TwoPhaseCommit:
             log.warning("batch %s was already decided; completing it instead of aborting", batch)
             self.complete(batch)
             return
+        self.fence(f"batch {batch}: rolling back an aborted batch")
         for p in prepared:
             if p is not None:
                 self.sink.rollback(p)
 
     def recover(self) -> RecoveryReport:
-        """Finish decided batches and roll back every other in-doubt transaction of the job.
-
-        Call only when no task of this job is running (at the start of a run).
-        """
+        """Finish decided batches and roll back every other in-doubt transaction of the
+        earlier runs of the job. Call only when no task of this run is running (at the start
+        of a run)."""
+        self.fence("recovery at the start of the run")
+        earlier = None if self.run is None else self.run - 1
         if self.store is None:  # no decisions anywhere: every in-doubt transaction is a stray
-            strays = self._in_doubt()
+            strays = self._in_doubt(up_to_run=earlier)
             for stray in strays:
                 self.sink.rollback(stray)
             return RecoveryReport([], [s.transaction_id for s in strays])
@@ -153,8 +199,10 @@ class TwoPhaseCommit:
                 completed.append(batch)
         for key in decided_keys[-50:]:
             decided_ids |= {p.transaction_id for p in self.decision(int(key.rsplit("/", 1)[1]))}
+        in_doubt = self._in_doubt(up_to_run=earlier)
+        self.fence("recovery: rolling back undecided transactions")
         rolled_back = []
-        for stray in self._in_doubt():
+        for stray in in_doubt:
             if stray.transaction_id in decided_ids:
                 self.sink.commit(stray)  # decided but not visible yet: finish it
                 continue
@@ -164,35 +212,29 @@ class TwoPhaseCommit:
 
     def prune(self, keep_after: int) -> None:
         """Forget the records of done batches before ``keep_after``."""
-        for key in self.store.list(f"sinks/{self.sink_id}/done"):
+        store = self._store()
+        for key in store.list(f"sinks/{self.sink_id}/done"):
             batch = int(key.rsplit("/", 1)[1])
             if batch < keep_after:
-                self.store.delete(self._decision_key(batch))
-                self.store.delete(key)
+                store.delete(self._decision_key(batch))
+                store.delete(key)
 
-    def _in_doubt(self, batch: int | None = None) -> list[Prepared]:
-        """This sink's in-doubt transactions (of one batch): ids that are exactly
-        ``<prefix>.<batch>.<partition>.<run>.<attempt>``, never another sink's whose id merely
-        starts like ours."""
+    def _in_doubt(self, batch: int | None = None, up_to_run: int | None = None) -> list[Prepared]:
+        """This sink's in-doubt transactions (of one batch, of runs up to ``up_to_run``):
+        ids that parse as this sink's :class:`TransactionId`, never another sink's whose id
+        merely starts like ours, never one of a later run (a newer driver's)."""
         head = f"{self.prefix}." if batch is None else f"{self.prefix}.{batch}."
         found = []
         for prepared in self.sink.in_doubt(head):
-            rest = prepared.transaction_id[len(self.prefix) + 1 :].split(".")
-            if len(rest) == 4 and all(part.isdigit() for part in rest):
-                found.append(prepared)
+            txn = TransactionId.parse(prepared.transaction_id, self.prefix)
+            if txn is None or (batch is not None and txn.batch != batch):
+                continue
+            if up_to_run is not None and txn.run > up_to_run:
+                continue
+            found.append(prepared)
         return found
-
-    def _check_fence(self, batch: int) -> None:
-        if self.current_epoch is None:
-            return
-        now = self.current_epoch()
-        if now != self.lease_epoch:
-            raise FencedError(
-                f"batch {batch}: this driver holds lease epoch {self.lease_epoch} but the job's "
-                f"lease is at epoch {now}: another driver owns the job; not deciding"
-            )
 
 
 def batches_of(prepared: Iterable[Prepared]) -> set[int]:
     """The batch ids found in these transaction ids."""
-    return {batch_of(p.transaction_id) for p in prepared}
+    return {TransactionId.of(p.transaction_id).batch for p in prepared}

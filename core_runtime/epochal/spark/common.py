@@ -29,8 +29,12 @@ def task_batch_id() -> int | None:
 
 
 def user_options(options: dict[str, str]) -> dict[str, str]:
-    """The options meant for the connector (without ``epochal.*``)."""
-    return {k: v for k, v in options.items() if not k.lower().startswith("epochal.")}
+    """The options meant for the connector (without ``epochal.*`` and Spark's own)."""
+    return {
+        k: v
+        for k, v in options.items()
+        if not k.lower().startswith("epochal.") and k.lower() not in registry.SPARK_OWN_OPTIONS
+    }
 
 
 def sdk_schema(schema: StructType) -> Schema:

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
@@ -109,12 +110,16 @@ class EpochalDataSource(DataSource):
                     why=_reason(sink),
                 )
                 if first_plan:
-                    _trace(f"planning {part.label} (run {part.context.run})")
+                    _trace(part, f"planning {part.label} (run {part.context.run})")
                     sink.check(fields)
                     part.record("sink", {"contract": mode})
                     if mode == "transactional":
                         report = two_phase(part, sink).recover()
-                        _trace(f"{part.label}: recovery at query start: {report}")
+                        _trace(
+                            part,
+                            f"{part.label}: recovery at the start of run {part.context.run}: "
+                            f"{report} {report.rolled_back}",
+                        )
                     _mark_planned(part)
             finally:
                 sink.close()
@@ -166,14 +171,14 @@ def _mark_planned(part: Part) -> None:
         store.write_json(_planned_key(part), {"run": part.context.run})
 
 
-def _trace(message: str) -> None:
+def _trace(part: Part, message: str) -> None:
     """Driver-side workers' stderr is not the driver's log: note key steps in the job's logs."""
-    directory = os.environ.get("EPOCHAL_JOB_DIR")
+    directory = part.context.job_dir
     if not directory or "://" in directory:
         return
     os.makedirs(f"{directory}/logs", exist_ok=True)
     with open(f"{directory}/logs/protocol.log", "a") as fh:
-        fh.write(f"{message}\n")
+        fh.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {message}\n")
 
 
 def _sink_mode(part: Part, sink: Sink) -> str:

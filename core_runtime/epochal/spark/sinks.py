@@ -62,11 +62,13 @@ def two_phase(part: Part, sink: TransactionalSink) -> TwoPhaseCommit:
         else None
     )
     return TwoPhaseCommit(
-        store,  # type: ignore[arg-type]
+        store,
         sink,
         part.part_id,
         transaction_prefix(part.context.job, part.part_id),
+        run=part.context.run,
         step=part.context.reach,
+        fence=part.context.check_fence,
         lease_epoch=part.context.lease_epoch,
     )
 

@@ -133,6 +133,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._source: AcknowledgingSource | None = None
         self._memory: dict[int, list[Message]] = {}
         self._last_seq = 0
+        self._commit_log: CommitLogCursor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"part": self.part, "schema": self.schema}
@@ -167,6 +168,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 window_batches=opts.int("dedupeWindowBatches", 100, minimum=1) or 100,
                 window_ids=opts.int("dedupeWindowIds", 1_000_000, minimum=1) or 1_000_000,
                 step=self.part.context.reach,
+                fence=self.part.context.check_fence,
             )
             log.info("%s: dedupe window %s", self.part.label, self._protocol.stats.as_dict())
         return self._protocol
@@ -211,7 +213,9 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if begin <= 0:
             return
-        committed = committed_offset(self.part)
+        if self._commit_log is None:
+            self._commit_log = CommitLogCursor(self.part)
+        committed = self._commit_log.latest()
         if committed is not None and int(committed["seq"]) >= begin:
             self.commit(self._offset(begin))
 
@@ -251,6 +255,8 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         done = sorted(s for s in self._memory if s <= seq)
         self.part.context.reach("ack_source.before_ack", seq)
+        if done:
+            self.part.context.check_fence(f"acknowledging up to batch {seq}")
         for s in done:
             self.source.acknowledge([m.id for m in self._memory.pop(s)])
         if done:
@@ -261,28 +267,48 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._source.close()
 
 
-def committed_offset(part: Part) -> dict | None:
-    """This acknowledging source's offset in the newest batch of Spark's commit log, read from
-    the job's checkpoint (None when unknown: no job directory, nothing committed)."""
-    if not part.context.job_dir or "://" in part.context.job_dir:
-        return None
-    checkpoint = f"{part.context.job_dir}/checkpoint"
-    try:
-        batches = [int(n) for n in os.listdir(f"{checkpoint}/commits") if n.isdigit()]
-    except FileNotFoundError:
-        return None
-    if not batches:
-        return None
-    try:
-        with open(f"{checkpoint}/offsets/{max(batches)}") as fh:
-            lines = fh.read().splitlines()[2:]
-    except FileNotFoundError:
-        return None
-    for line in lines:
+class CommitLogCursor:
+    """This source's offset in the newest batch of Spark's commit log, read from the run's
+    checkpoint. It lists the commit log once, then only looks for the next batch's entry,
+    so a ``latestOffset`` costs a stat, not a directory listing."""
+
+    def __init__(self, part: Part) -> None:
+        self.part = part
+        self.checkpoint = part.context.checkpoint
+        self.batch: int | None = None
+        self.offset: dict | None = None
+
+    def latest(self) -> dict | None:
+        """The offset of this source in the newest committed batch (None when unknown)."""
+        if not self.checkpoint or "://" in self.checkpoint:
+            return None
+        commits = f"{self.checkpoint}/commits"
+        if self.batch is None:
+            try:
+                batches = [int(n) for n in os.listdir(commits) if n.isdigit()]
+            except FileNotFoundError:
+                return None
+            newest = max(batches) if batches else None
+        else:
+            newest = self.batch
+            while os.path.exists(f"{commits}/{newest + 1}"):
+                newest += 1
+        if newest is None or newest == self.batch:
+            return self.offset
+        self.batch, self.offset = newest, self._offset_of(newest)
+        return self.offset
+
+    def _offset_of(self, batch: int) -> dict | None:
         try:
-            offset = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(offset, dict) and offset.get("source") == part.part_id:
-            return offset
-    return None
+            with open(f"{self.checkpoint}/offsets/{batch}") as fh:
+                lines = fh.read().splitlines()[2:]
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            try:
+                offset = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(offset, dict) and offset.get("source") == self.part.part_id:
+                return offset
+        return None

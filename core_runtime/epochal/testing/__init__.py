@@ -20,9 +20,18 @@ from epochal.testing.kit import (
     Case,
     ConformanceSuite,
     Outcome,
+    Scenario,
     SinkUnderTest,
     SourceUnderTest,
     run_case,
 )
 
-__all__ = ["Case", "ConformanceSuite", "Outcome", "SinkUnderTest", "SourceUnderTest", "run_case"]
+__all__ = [
+    "Case",
+    "ConformanceSuite",
+    "Outcome",
+    "Scenario",
+    "SinkUnderTest",
+    "SourceUnderTest",
+    "run_case",
+]

@@ -2,18 +2,44 @@
 
 A connector package subclasses :class:`ConformanceSuite`, says which contracts it has, and
 gives two fixtures: ``epochal_source`` (a :class:`SourceUnderTest`) and/or ``epochal_sink``
-(a :class:`SinkUnderTest`). The kit then runs, for each crash point of the protocol and each
-guarantee, a real Spark job that is killed hard at that point, restarted by the supervisor,
-and checked by record ID: exactly-once means 0 lost and 0 duplicated, at-least-once 0 lost.
+(a :class:`SinkUnderTest`). The kit then runs real Spark jobs that are killed hard (SIGKILL,
+SIGSTOP) at every step of the protocols, restarted, and checked by record ID through an
+independent reader: exactly-once means 0 lost, 0 duplicated, nothing left prepared or
+unacknowledged; at-least-once means 0 lost.
 
-Driver crash points run on ``local[2]``; executor crash points on ``local-cluster[2,1,1024]``,
-where the executor JVM itself is killed.
+Each test is a :class:`Scenario`: one job run that goes through a *sequence* of failures, one
+after another (see :mod:`epochal.faults`), so a handful of job runs cover every crash point:
+
+``points``          every crash point of the contracts under test, for each guarantee and
+                    sink mode: the process that performs the step is killed there (a
+                    driver-side Python worker or an executor's worker: the query restarts in
+                    place), and the whole driver at the end of a batch.
+``driver-kills``    every driver-side crash point with the *whole driver* killed (its JVM,
+                    PySpark daemons and workers); the supervisor restarts it.
+``executor-kills``  every executor crash point with the executor JVM killed
+                    (``local-cluster``): tasks are rescheduled on the other executor.
+``aggregate``       a keyed running aggregation (Spark state) killed in place and whole.
+``real-failures``   what deployments see: the supervisor killed and the job resumed from
+                    another process; the driver and its supervisor paused (SIGSTOP) past the
+                    lease, another supervisor taking over and committing, then the zombie
+                    resumed (SIGCONT): it must decide, acknowledge and write nothing; then
+                    kills of the driver or one of its Python workers at random times.
+
+Driver scenarios run on ``local[2]``; executor ones on ``local-cluster[2,1,1024]``. At the end
+of the session the plugin prints a coverage table (connector, point, guarantee, mode, kill →
+passed), so a crash point cannot drop out unseen.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -21,11 +47,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from epochal import processes
 from epochal.api import Job
 from epochal.config import JobConfig
-from epochal.faults import EXECUTOR_POINTS, FaultPlan
-from epochal.jobs import JobRecord, JobStatus
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.drivers import DriverPool
+from epochal.faults import DRIVER_POINTS, EXECUTOR_POINTS, Fault, FaultPlan
+from epochal.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.supervisor import submit
+from epochal.testing.pipelines import SPEC_ENV, SPEC_FILE
 from epochal_sdk import Guarantee
 
 _FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
@@ -39,6 +68,9 @@ TEST_SPARK_CONF = {
 
 LOCAL = "local[2]"
 CLUSTER = "local-cluster[2,1,1024]"
+KIT_LEASE_TTL = 8.0
+"""The lease time-to-live of the kit's jobs: short, so a zombie scenario waits little; long
+enough that a loaded 2-core machine renews it in time."""
 
 _REPLAYABLE_POINTS = ("source.after_plan", "source.after_read", "source.after_commit")
 SOURCE_POINTS = {
@@ -55,6 +87,7 @@ SINK_POINTS = {
     ("transactional", Guarantee.EXACTLY_ONCE): (
         "sink.after_write",
         "sink.after_prepare",
+        "sink.before_decision",
         "sink.after_decision",
         "sink.mid_commit",
         "sink.after_commit",
@@ -75,19 +108,22 @@ SINK_POINTS = {
         "sink.after_commit",
     ),
 }
-BATCHLESS = {
-    "source.after_plan",
-    "source.after_commit",
-    *SOURCE_POINTS[("acknowledging", Guarantee.EXACTLY_ONCE)],
-}
+JOB_POINT = "job.after_batch"
 
 
+# -- what a connector gives the kit ---------------------------------------------------------
 class SourceUnderTest(ABC):
-    """A source connector as the kit drives it."""
+    """A source connector as the kit drives it.
+
+    Class attributes:
+        connector: the connector's name (``format("epochal.<connector>")``).
+        id_expr: a SQL expression over the source's columns that gives each record's
+            integer ID, e.g. ``"CAST(key AS BIGINT)"``; the kit counts lost and duplicated
+            records by it.
+    """
 
     connector: ClassVar[str]
     id_expr: ClassVar[str]
-    """A SQL expression over the source's columns that gives each record's integer ID."""
 
     @abstractmethod
     def options(self) -> dict[str, str]:
@@ -95,7 +131,8 @@ class SourceUnderTest(ABC):
 
     @abstractmethod
     def produce(self, ids: Sequence[int]) -> None:
-        """Put records with these IDs into the source (before the job starts)."""
+        """Put records with these IDs into the source (before the job starts). Each record
+        must carry its ID so that ``id_expr`` finds it; any other columns are up to you."""
 
     def unsettled(self) -> list[str]:
         """What the source system still holds that the job should have settled (e.g.
@@ -105,13 +142,18 @@ class SourceUnderTest(ABC):
 
 class SinkUnderTest(ABC):
     """A sink connector as the kit drives it. The pipeline writes ``key`` and ``value``
-    string columns (both the record ID in the copy pipeline)."""
+    string columns (both the record ID in the copy pipeline).
+
+    Class attributes:
+        connector: the connector's name (``writeStream.format("epochal.<connector>")``).
+    """
 
     connector: ClassVar[str]
 
     @abstractmethod
     def options(self, mode: str) -> dict[str, str]:
-        """Options for ``writeStream.format("epochal.<connector>")`` in ``mode``."""
+        """Options for ``writeStream.format("epochal.<connector>")`` in ``mode``
+        (``transactional`` or ``idempotent``)."""
 
     @abstractmethod
     def committed(self, mode: str) -> list[tuple[str, str]]:
@@ -123,9 +165,48 @@ class SinkUnderTest(ABC):
         return []
 
 
+# -- scenarios ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """One crash test: a job run through a sequence of failures.
+
+    Attributes:
+        kind: ``points``, ``driver-kills``, ``executor-kills``, ``aggregate`` or
+            ``real-failures`` (see the module doc).
+        guarantee: the job's guarantee.
+        mode: the sink mode (``transactional`` or ``idempotent``).
+        faults: the failures, in the order they must happen.
+        master: the Spark master (``local[2]`` or ``local-cluster[...]``).
+        pipeline: ``copy`` (record ID → key and value) or ``aggregate`` (running count and
+            sum per group, in Spark state).
+    """
+
+    kind: str
+    guarantee: Guarantee
+    mode: str
+    faults: tuple[Fault, ...]
+    master: str = LOCAL
+    pipeline: str = "copy"
+
+    @property
+    def plan(self) -> str:
+        """The fault plan (a sequence when there is more than one fault)."""
+        return " > ".join(f.label for f in self.faults)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}-{self.mode}-{self.guarantee.label}"
+
+    @property
+    def fault(self) -> str:
+        """The plan (the name of earlier versions' single crash point)."""
+        return self.plan
+
+
 @dataclass(frozen=True)
 class Case:
-    """One crash test: a crash point (at a batch), a guarantee, a sink mode, a master."""
+    """One crash point at one batch (earlier versions' test case; still accepted by
+    :func:`run_case`). Deprecated: use :class:`Scenario`."""
 
     point: str
     guarantee: Guarantee
@@ -146,10 +227,20 @@ class Case:
         where = "executor" if self.point in EXECUTOR_POINTS else "driver"
         return f"{self.pipeline}-{self.mode}-{self.guarantee.label}-{where}-{self.fault}"
 
+    def scenario(self) -> Scenario:
+        return Scenario(
+            "case",
+            self.guarantee,
+            self.mode,
+            (Fault(self.point, self.batch),),
+            self.master,
+            self.pipeline,
+        )
+
 
 @dataclass
 class Outcome:
-    """What a case found, counted by record ID."""
+    """What a scenario found, counted by record ID."""
 
     record: JobRecord
     expected: int
@@ -157,19 +248,95 @@ class Outcome:
     lost: list[int] = field(default_factory=list)
     duplicated: dict[int, int] = field(default_factory=dict)
     fired: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
             f"expected {self.expected} records, saw {self.seen}: lost {len(self.lost)} "
             f"{self.lost[:10]}, duplicated {len(self.duplicated)} {list(self.duplicated)[:10]}; "
-            f"restarts {self.record.restarts}, crash points fired {self.fired}"
+            f"restarts {self.record.restarts}, faults fired {self.fired}"
+            + (f"; {'; '.join(self.notes)}" if self.notes else "")
+        )
+
+    def summary(self) -> str:
+        """One line for ``-v`` output: points fired, restarts, lost, duplicated."""
+        kinds = Counter(str(r.get("kind")) for r in self.record.runs)
+        return (
+            f"fired {len(self.fired)} fault(s); runs {self.record.run} "
+            f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}); restarts "
+            f"{self.record.restarts}; lost {len(self.lost)}; duplicated {len(self.duplicated)}"
         )
 
 
+# -- coverage -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CoverageRow:
+    """One crash point of one connector at one guarantee and sink mode, killed one way."""
+
+    connector: str
+    point: str
+    guarantee: str
+    mode: str
+    kill: str
+
+
+EXPECTED: dict[CoverageRow, str] = {}
+"""Every row the collected scenarios should cover, with its state: ``not run``, ``passed``
+or ``FAILED`` (filled in by the kit; printed by the plugin at the end of the session)."""
+
+
+def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[CoverageRow]:
+    """The rows a scenario of ``suite`` covers."""
+    rows = []
+    for fault in scenario.faults:
+        if scenario.kind == "real-failures":
+            kill = fault.kind if fault.kind in ("supervisor", "pause") else "random"
+        else:
+            kill = fault.kind
+        rows.append(
+            CoverageRow(
+                suite.connector_label(fault.point),
+                fault.point if scenario.pipeline == "copy" else f"{fault.point} (aggregate)",
+                scenario.guarantee.label,
+                scenario.mode,
+                kill,
+            )
+        )
+    if scenario.kind == "real-failures":
+        rows.append(
+            CoverageRow(
+                suite.connector_label(JOB_POINT),
+                "random kills (driver, Python worker)",
+                scenario.guarantee.label,
+                scenario.mode,
+                "random",
+            )
+        )
+    return rows
+
+
+# -- the suite ------------------------------------------------------------------------------
 class ConformanceSuite:
     """Subclass in a connector's tests; set the class attributes and provide the fixtures
     ``epochal_source`` and/or ``epochal_sink``. Use the map connector for the side you do not
-    test (the kit's own fixtures ``epochal_map_source``/``epochal_map_sink``)."""
+    test (the kit's own fixtures ``epochal_map_source``/``epochal_map_sink``).
+
+    Class attributes (all optional):
+        scope: which side is under test: ``source``, ``sink`` or ``all`` (both; the map
+            connector's own suite).
+        source_contract: ``replayable`` or ``acknowledging`` (the source's contract).
+        sink_modes: the sink modes to test (``transactional``, ``idempotent``). When only
+            the source is under test, the first mode is used for the other side.
+        guarantees: the guarantees to test.
+        records: records per scenario at least (more when a scenario has many faults).
+        records_per_batch: the source's read limit (``maxRecordsPerBatch``).
+        aggregate: also run the keyed running aggregation (Spark state) across kills.
+        whole_driver_kills: also kill the whole driver at every driver-side point (the
+            runtime's own suites do; a connector's steps run in the same worker either way).
+        executor_kills: also kill executor JVMs at every executor point (``local-cluster``).
+        real_failures: also run the real-failures scenario (supervisor killed, zombie
+            driver, random kills), exactly-once.
+    """
 
     source_contract: ClassVar[str] = "replayable"
     sink_modes: ClassVar[tuple[str, ...]] = ("transactional", "idempotent")
@@ -177,62 +344,144 @@ class ConformanceSuite:
     records: ClassVar[int] = 300
     records_per_batch: ClassVar[int] = 100
     aggregate: ClassVar[bool] = True
-    """Also run the keyed running aggregation (Spark state) across a kill, per sink mode."""
     scope: ClassVar[str] = "all"
-    """Which crash points to run: ``all``, ``source`` (the source's and the job's) or ``sink``
-    (the sink's and the job's); a connector with only a source or a sink narrows it."""
+    whole_driver_kills: ClassVar[bool] = False
+    executor_kills: ClassVar[bool] = True
+    real_failures: ClassVar[bool] = True
+    source_connector: ClassVar[str] = ""
+    sink_connector: ClassVar[str] = ""
+    """Names for the coverage table (default: from the fixtures when the test runs; set
+    them so that the table is complete even for scenarios that did not run)."""
 
     @classmethod
-    def cases(cls) -> list[Case]:
-        """Every crash point of the contracts under test, for each guarantee and mode."""
-        out = []
-        for guarantee in cls.guarantees:
-            for mode in cls.sink_modes:
-                points = []
-                if cls.scope in ("all", "source"):
-                    points += SOURCE_POINTS[(cls.source_contract, guarantee)]
-                if cls.scope in ("all", "sink"):
-                    points += SINK_POINTS[(mode, guarantee)]
-                points.append("job.after_batch")
-                for point in points:
-                    batch = None if point in BATCHLESS else 1
-                    out.append(Case(point, guarantee, mode, batch=batch))
-        exactly_once = Guarantee.EXACTLY_ONCE
-        if cls.aggregate and exactly_once in cls.guarantees:
-            for mode in cls.sink_modes:
-                decision = "sink.after_decision" if mode == "transactional" else "sink.after_flush"
-                out.append(Case(decision, exactly_once, mode, pipeline="aggregate", batch=2))
+    def modes(cls) -> tuple[str, ...]:
+        """The sink modes that matter: all of them when the sink is under test, else the
+        first (the other side's mode does not change the source's protocol)."""
+        return cls.sink_modes if cls.scope in ("all", "sink") else cls.sink_modes[:1]
+
+    @classmethod
+    def points(cls, guarantee: Guarantee, mode: str) -> list[str]:
+        """The crash points of the contracts under test (source first, then sink)."""
+        out: list[str] = []
+        if cls.scope in ("all", "source"):
+            out += SOURCE_POINTS[(cls.source_contract, guarantee)]
+        if cls.scope in ("all", "sink"):
+            out += SINK_POINTS[(mode, guarantee)]
         return out
+
+    @classmethod
+    def connector_label(cls, point: str) -> str:
+        """The connector a crash point belongs to, for the coverage table."""
+        source = cls.source_connector or "source"
+        sink = cls.sink_connector or "sink"
+        if point.startswith(("source.", "ack_source.")):
+            return source
+        if point.startswith("sink."):
+            return sink
+        return f"{source}→{sink}"
+
+    @classmethod
+    def cases(cls) -> list[Scenario]:
+        """The scenarios of this suite (see the module doc)."""
+        out: list[Scenario] = []
+        exactly_once = Guarantee.EXACTLY_ONCE
+        for guarantee in cls.guarantees:
+            for mode in cls.modes():
+                faults = [_in_place(p) for p in cls.points(guarantee, mode)]
+                out.append(Scenario("points", guarantee, mode, (*faults, Fault(JOB_POINT))))
+        first = cls.modes()[0]
+        if exactly_once not in cls.guarantees:
+            return out
+        if cls.whole_driver_kills:
+            for guarantee in cls.guarantees:
+                for mode in cls.modes():
+                    driver = [Fault(p) for p in cls.points(guarantee, mode) if p in DRIVER_POINTS]
+                    out.append(Scenario("driver-kills", guarantee, mode, tuple(driver)))
+        if cls.executor_kills:
+            executor = [Fault(p) for p in cls.points(exactly_once, first) if p in EXECUTOR_POINTS]
+            if executor:
+                out.append(
+                    Scenario("executor-kills", exactly_once, first, tuple(executor), CLUSTER)
+                )
+        if cls.aggregate:
+            for mode in cls.modes():
+                step = "sink.after_decision" if mode == "transactional" else "sink.after_flush"
+                faults = (Fault(step, action="worker"), Fault(JOB_POINT))
+                out.append(Scenario("aggregate", exactly_once, mode, faults, pipeline="aggregate"))
+        if cls.real_failures:
+            out.append(
+                Scenario(
+                    "real-failures",
+                    exactly_once,
+                    first,
+                    (
+                        Fault(JOB_POINT, action="supervisor"),
+                        Fault(cls.pause_point(), action="pause"),
+                    ),
+                )
+            )
+        return out
+
+    @classmethod
+    def pause_point(cls) -> str:
+        """Where the zombie of the real-failures scenario is paused: the most dangerous step
+        of the contracts under test (before a commit decision, before an acknowledgement)."""
+        if cls.scope in ("all", "sink") and cls.modes()[0] == "transactional":
+            return "sink.before_decision"
+        if cls.scope in ("all", "source") and cls.source_contract == "acknowledging":
+            return "ack_source.before_ack"
+        if cls.scope in ("all", "source"):
+            return "source.after_plan"
+        return "sink.after_commit"
 
     def test_crash_and_recover(
         self,
-        conformance_case: Case,
+        conformance_case: Scenario,
         epochal_source: SourceUnderTest,
         epochal_sink: SinkUnderTest,
+        epochal_driver_pool: DriverPool | None,
         tmp_path: Any,
+        request: Any,
     ) -> None:
-        """Kill at the crash point, restart, count lost and duplicated records by ID."""
+        """Run the scenario; count lost and duplicated records by ID; check that nothing is
+        left prepared or unsettled and that every fault fired."""
+        scenario = conformance_case
+        rows = coverage_rows(type(self), scenario)
+        for row in rows:
+            EXPECTED[row] = "FAILED"
         outcome = run_case(
-            conformance_case,
+            scenario,
             epochal_source,
             epochal_sink,
             str(tmp_path / "snapshots"),
             records=self.records,
             per_batch=self.records_per_batch,
+            pool=epochal_driver_pool,
         )
+        request.node.user_properties.append(("epochal", outcome.summary()))
         assert outcome.record.status == JobStatus.COMPLETED, outcome.record.failure
-        assert outcome.fired == [conformance_case.fault], f"crash point did not fire: {outcome}"
+        assert outcome.fired == [f.label for f in scenario.faults], (
+            f"not every fault fired: {outcome}"
+        )
         assert not outcome.lost, f"lost records: {outcome}"
-        if conformance_case.guarantee == Guarantee.EXACTLY_ONCE:
+        if scenario.guarantee == Guarantee.EXACTLY_ONCE:
             assert not outcome.duplicated, f"duplicates under exactly-once: {outcome}"
         leftovers = epochal_sink.in_doubt()
         assert not leftovers, f"in-doubt transactions left behind: {leftovers}"
         unsettled = epochal_source.unsettled()
         assert not unsettled, f"the source was left unsettled: {unsettled}"
+        for row in rows:
+            EXPECTED[row] = "passed"
 
 
+def _in_place(point: str) -> Fault:
+    """The point's fault with only the process performing the step killed."""
+    return Fault(point, action="worker")
+
+
+# -- running a scenario ---------------------------------------------------------------------
 def run_case(
-    case: Case,
+    case: Scenario | Case,
     source: SourceUnderTest,
     sink: SinkUnderTest,
     snapshot_dir: str,
@@ -240,42 +489,61 @@ def run_case(
     records: int = 400,
     per_batch: int = 100,
     groups: int = 10,
+    pool: DriverPool | None = None,
 ) -> Outcome:
-    """Run one crash test and count what the sink shows, by record ID."""
-    ids = list(range(records))
+    """Run one scenario and count what the sink shows, by record ID."""
+    scenario = case.scenario() if isinstance(case, Case) else case
+    batches = len(scenario.faults) + 3
+    if scenario.kind == "real-failures":
+        batches += 22  # room for the take-overs and the random kills
+    ids = list(range(max(records, per_batch * batches)))
     source.produce(ids)
-    source_options = {**source.options(), "maxRecordsPerBatch": str(per_batch)}
     spec = {
         "source": source.connector,
-        "source_options": source_options,
+        "source_options": {**source.options(), "maxRecordsPerBatch": str(per_batch)},
         "sink": sink.connector,
-        "sink_options": sink.options(case.mode),
+        "sink_options": sink.options(scenario.mode),
         "id_expr": source.id_expr,
         "groups": groups,
     }
-    os.environ[SPEC_ENV] = json.dumps(spec)
     config = JobConfig(
-        guarantee=case.guarantee,
+        guarantee=scenario.guarantee,
         available_now=True,
-        master=case.master,
+        master=scenario.master,
         snapshot_dir=snapshot_dir,
-        faults=case.fault,
+        faults=scenario.plan,
         restart_backoff=0.2,
-        max_restarts=5,
+        max_restarts=len(scenario.faults) + 5,
         spark_conf=dict(TEST_SPARK_CONF),
+        lease_ttl=KIT_LEASE_TTL,
     )
     name = f"conformance-{uuid.uuid4().hex[:8]}"
-    lines: list[str] = []
-    job = Job.submit(
-        name, f"epochal.testing.pipelines:{case.pipeline}", config, report=lines.append
-    )
-    record = job.join(timeout=540)
-    fired = FaultPlan.parse(case.fault, f"{job.jobdir.path}/faults").fired()
-    if record.status != JobStatus.COMPLETED:
-        logs = _driver_log_tail(job.jobdir.logs)
-        record.failure = f"{record.failure}\nsupervisor: {lines}\n{logs}"
-    committed = sink.committed(case.mode)
-    if case.pipeline == "aggregate":
+    jobdir = JobDirectory(snapshot_dir, name)
+    os.makedirs(jobdir.path, exist_ok=True)
+    with open(f"{jobdir.path}/{SPEC_FILE}", "w") as fh:
+        json.dump(spec, fh)
+    os.environ[SPEC_ENV] = json.dumps(spec)  # for pipelines of earlier kit versions
+    notes: list[str] = []
+    if scenario.kind == "real-failures":
+        record = RealFailures(jobdir, scenario, config, seed=name).run(notes)
+    else:
+        lines: list[str] = []
+        use_pool = pool if scenario.master == LOCAL else None
+        job = Job.submit(
+            name,
+            f"epochal.testing.pipelines:{scenario.pipeline}",
+            config,
+            report=lines.append,
+            pool=use_pool,
+        )
+        record = job.join(timeout=600)
+        if record.status != JobStatus.COMPLETED:
+            record.failure = (
+                f"{record.failure}\nsupervisor: {lines}\n{_driver_log_tail(jobdir.logs)}"
+            )
+    fired = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults").fired()
+    committed = sink.committed(scenario.mode)
+    if scenario.pipeline == "aggregate":
         return _count_groups(record, ids, committed, groups, fired)
     seen = [int(key) for key, _ in committed]
     counts = Counter(seen)
@@ -286,7 +554,198 @@ def run_case(
         lost=sorted(set(ids) - set(counts)),
         duplicated={i: n for i, n in counts.items() if n > 1},
         fired=fired,
+        notes=notes,
     )
+
+
+class RealFailures:
+    """The real-failures scenario: supervisors run as their own processes, as an operator
+    runs them (``python -m epochal jobs resume``), and are killed and paused from outside.
+
+    1. Supervisor A runs the job until the first fault kills A (SIGKILL) after a batch: its
+       driver must die with it (all of the run's processes gone within the lease TTL).
+    2. Supervisor B resumes the job from another process at once (A is known dead).
+    3. The second fault pauses B and its whole driver run (SIGSTOP) at the most dangerous
+       step. Supervisor C resumes the job: it must wait for the lease to expire, then take
+       over at a new epoch. Once C committed a batch, the zombie is resumed (SIGCONT): it
+       must stop without deciding, acknowledging or writing anything.
+    4. While C runs, the driver or one of its Python workers is killed at random times.
+    """
+
+    def __init__(self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str):
+        self.jobdir, self.scenario, self.config = jobdir, scenario, config
+        self.random = random.Random(seed)
+        self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+        self.supervisors: list[subprocess.Popen[str]] = []
+
+    def run(self, notes: list[str]) -> JobRecord:
+        try:
+            return self._run(notes)
+        finally:
+            for supervisor in self.supervisors:
+                with contextlib.suppress(ProcessLookupError):
+                    supervisor.send_signal(signal.SIGCONT)
+                    supervisor.kill()
+                supervisor.wait()
+
+    def _run(self, notes: list[str]) -> JobRecord:
+        ttl = self.config.lease_ttl
+        submit(self.jobdir.name, "epochal.testing.pipelines:copy", self.config)
+        kill_supervisor, pause = self.scenario.faults
+        first = self._supervise("a")
+        _wait_for(lambda: first.poll() is not None, "supervisor A to be killed by its fault", 300)
+        assert first.returncode == -signal.SIGKILL, f"supervisor A ended with {first.returncode}"
+        orphan = self.plan.marker_info(kill_supervisor.label)
+        started = time.monotonic()
+        _wait_for(
+            lambda: not processes.processes_of(str(orphan["token"])),
+            "the driver run of the killed supervisor to die with it",
+            ttl,
+        )
+        notes.append(f"orphaned driver run gone {time.monotonic() - started:.1f}s after A died")
+
+        second = self._supervise("b")
+        _wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
+        zombie = self.plan.marker_info(pause.label)
+        zombie_epoch = int(self.jobdir.lease()["epoch"])
+        paused_at = float(zombie["at"])
+        third = self._supervise("c")
+        _wait_for(
+            lambda: self._first_batch_of_epoch_after(zombie_epoch) is not None,
+            "supervisor C to take over and commit a batch",
+            300,
+        )
+        taken = self._first_batch_of_epoch_after(zombie_epoch)
+        assert taken is not None
+        waited = float(taken["started"]) - paused_at
+        assert waited >= ttl * 0.8 - 0.5, (
+            f"supervisor C took the job over {waited:.1f}s after the zombie's last renewal; "
+            f"it must wait for the lease ({ttl}s) to expire"
+        )
+        notes.append(f"take-over {waited:.1f}s after the pause (lease ttl {ttl}s)")
+        for pid in [int(zombie["supervisor"]), *processes.processes_of(str(zombie["token"]))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        _wait_for(
+            lambda: second.poll() is not None and not processes.processes_of(str(zombie["token"])),
+            "the zombie (supervisor B and its driver run) to stop",
+            60,
+        )
+        notes.append(
+            f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (supervisor B "
+            f"exit {second.returncode})"
+        )
+        self._check_zombie_wrote_nothing(zombie, zombie_epoch, notes)
+        self._random_kills(third, notes, kills=2)
+        _wait_for(lambda: third.poll() is not None, "supervisor C to finish the job", 600)
+        record = self.jobdir.load()
+        if third.returncode != 0:
+            record.failure = f"{record.failure}\n{_driver_log_tail(self.jobdir.logs)}"
+        return record
+
+    def _supervise(self, tag: str) -> subprocess.Popen[str]:
+        log = open(f"{self.jobdir.path}/supervisor-{tag}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "epochal",
+                "jobs",
+                "resume",
+                self.jobdir.name,
+                "--snapshot-dir",
+                self.jobdir.snapshot_dir,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.supervisors.append(proc)
+        return proc
+
+    def _first_batch_of_epoch_after(self, epoch: int) -> dict | None:
+        for run in self.jobdir.load().runs:
+            if int(run.get("epoch", 0)) > epoch and run.get("first_batch_at"):
+                return run
+        return None
+
+    def _check_zombie_wrote_nothing(
+        self, zombie: dict, zombie_epoch: int, notes: list[str]
+    ) -> None:
+        """Nothing written through the zombie's (moved) state directory, and no commit
+        decision of the zombie's epoch for the batch it was paused in or a later one."""
+        epochs = sorted(os.listdir(f"{self.jobdir.path}/epochs"))
+        assert epochs == [str(self.jobdir.lease()["state"])], (
+            f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
+        )
+        paused_batch = zombie.get("batch")
+        store = self.jobdir.store
+        late = []
+        for sink_id in _dirs(store.base, "sinks"):
+            for key in store.list(f"sinks/{sink_id}/decisions"):
+                decision = store.read_json(key)
+                if (
+                    paused_batch is not None
+                    and int(decision["batch"]) >= int(paused_batch)
+                    and int(decision.get("lease_epoch", 0)) <= zombie_epoch
+                ):
+                    late.append((key, decision.get("lease_epoch")))
+        assert not late, f"the zombie recorded commit decisions after its pause: {late}"
+        notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")
+
+    def _random_kills(
+        self, supervisor: subprocess.Popen[str], notes: list[str], kills: int
+    ) -> None:
+        """Kill the active driver run or one of its Python workers at random moments."""
+        for _ in range(kills):
+            batch = self.jobdir.load().progress.get("batch", -1)
+            with contextlib.suppress(AssertionError):
+                _wait_for(
+                    lambda b=batch: (
+                        supervisor.poll() is not None
+                        or self.jobdir.load().progress.get("batch", -1) > b
+                    ),
+                    "another committed batch",
+                    120,
+                )
+            if supervisor.poll() is not None:
+                break
+            time.sleep(self.random.uniform(0.0, 1.5))  # a random moment, by design
+            token = str(self.jobdir.load().driver.get("token") or "")
+            victims = processes.processes_of(token)
+            workers = [p for p in victims if b"pyspark" in _cmdline(p)]
+            if workers and self.random.random() < 0.5:
+                victim = self.random.choice(workers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                notes.append(f"random kill: Python worker {victim}")
+            elif victims:
+                with contextlib.suppress(TimeoutError):
+                    processes.kill_run(token)
+                notes.append("random kill: the whole driver run")
+
+
+def _dirs(base: str, sub: str) -> list[str]:
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(os.listdir(f"{base}/{sub}"))
+    return []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _wait_for(condition: Any, what: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+        time.sleep(0.05)
 
 
 def _count_groups(

@@ -1,5 +1,5 @@
 """The pipelines the conformance kit runs. The driver process imports them by name and reads
-their parameters from the environment (set by the test, inherited by the driver)."""
+their parameters from the job's directory (or, for tests that set it, the environment)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,20 @@ import json
 import os
 from typing import Any
 
+from epochal.context import ENV_JOB_DIR
+
 SPEC_ENV = "EPOCHAL_CONFORMANCE_SPEC"
+SPEC_FILE = "conformance.json"
+"""The kit writes a scenario's spec into the job's directory: a warm driver (a standby, a
+driver of a pool) started before the scenario cannot see it in its environment."""
 
 
 def _spec() -> dict[str, Any]:
-    return json.loads(os.environ[SPEC_ENV])
+    directory = os.environ.get(ENV_JOB_DIR)
+    if directory and os.path.exists(f"{directory}/{SPEC_FILE}"):
+        with open(f"{directory}/{SPEC_FILE}") as fh:
+            return dict(json.load(fh))
+    return dict(json.loads(os.environ[SPEC_ENV]))
 
 
 def _source(spark: Any, spec: dict[str, Any]) -> Any:

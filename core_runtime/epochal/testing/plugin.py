@@ -1,16 +1,26 @@
 """The pytest plugin of the conformance kit (loaded through the ``pytest11`` entry point).
 
-It parametrizes :class:`~epochal.testing.kit.ConformanceSuite` subclasses with their crash
-cases and marks them ``conformance`` and ``spark``.
+It parametrizes :class:`~epochal.testing.kit.ConformanceSuite` subclasses with their
+scenarios, marks them ``conformance`` and ``spark``, keeps warm drivers for them
+(``epochal_driver_pool``), prints a one-line summary per scenario with ``-v`` (faults fired,
+runs, restarts, lost, duplicated), and at the end of the session a coverage table: every
+crash point of every connector under test, per guarantee, sink mode and kind of kill, with
+whether it passed.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from epochal.testing.kit import ConformanceSuite
+from epochal.drivers import DriverPool
+from epochal.testing.kit import EXPECTED, ConformanceSuite, coverage_rows
+
+POOL_ENV = "EPOCHAL_KIT_POOL"
+"""``0`` turns the kit's warm drivers off (every scenario starts its drivers cold)."""
 
 
 def pytest_configure(config: Any) -> None:
@@ -33,3 +43,64 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         if "conformance_case" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.conformance)
             item.add_marker(pytest.mark.spark)
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Every row the selected scenarios must cover (deselected ones are not expected)."""
+    for item in session.items:
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("conformance_case")
+        if case is not None and item.cls is not None:
+            for row in coverage_rows(item.cls, case):
+                EXPECTED.setdefault(row, "not run")
+
+
+@pytest.fixture(scope="session")
+def epochal_driver_pool() -> Iterator[DriverPool | None]:
+    """Warm drivers shared by the session's scenarios: a scenario starts on a driver that
+    has its JVM, SparkSession and PySpark workers up, and a whole-driver kill is recovered on
+    the next warm one. Killing them is as real as killing a cold one."""
+    if os.environ.get(POOL_ENV, "1") == "0":
+        yield None
+        return
+    pool = DriverPool(size=1)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when != "call":
+        return
+    summary = dict(report.user_properties).get("epochal")
+    reporter = _reporter
+    if summary and reporter is not None and reporter.verbosity > 0:
+        reporter.write_line(f"    {summary}")
+
+
+_reporter: Any = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: Any) -> None:
+    global _reporter
+    _reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not EXPECTED or terminalreporter.config.option.collectonly:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("epochal conformance coverage")
+    header = ("connector", "crash point", "guarantee", "mode", "kill", "result")
+    rows = sorted(
+        (r.connector, r.point, r.guarantee, r.mode, r.kill, state) for r, state in EXPECTED.items()
+    )
+    widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
+    for line in [header, *rows]:
+        write("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
+    states = [state for _, _, _, _, _, state in rows]
+    write(
+        f"{states.count('passed')} of {len(states)} covered and passed; "
+        f"{states.count('FAILED')} failed; {states.count('not run')} not run"
+    )

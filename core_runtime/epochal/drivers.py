@@ -1,0 +1,266 @@
+"""Driver processes as a supervisor sees them: started cold for a job, or started warm (a
+standby of one job, or a driver of a pool that any job with the same session profile can
+take) and promoted when needed.
+
+A warm driver has done everything a driver does before it knows its job: JVM, SparkSession,
+connector discovery and registration, and a warm-up query through PySpark's workers. Promoting
+it costs the query's start and its first batch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from epochal import processes
+from epochal.driver import SessionProfile
+from epochal.fence import RUN_DIR_ENV, forget_run_record
+from epochal.jobs import PROGRESS_PREFIX
+
+EventHandler = Callable[["DriverProcess", dict[str, Any]], None]
+
+
+@dataclass
+class RunOutcome:
+    """How one driver process ended."""
+
+    code: int
+    signal: int | None
+
+    @property
+    def killed(self) -> bool:
+        return self.signal is not None
+
+
+def _ignore(driver: DriverProcess, event: dict[str, Any]) -> None:
+    return None
+
+
+class DriverProcess:
+    """One driver process: its run token, its heartbeats, its events (read from its stdout
+    by a thread) and its log.
+
+    Args:
+        profile: the session it starts.
+        log_path: where its output goes.
+        run_dir: where it keeps its run records.
+        job: ``(epoch, snapshot_dir, name)`` to start bound to a job; None to start warm
+            and wait for :meth:`promote`.
+        on_event: called with every event but heartbeats (progress, ready, run).
+    """
+
+    def __init__(
+        self,
+        profile: SessionProfile,
+        log_path: str,
+        run_dir: str,
+        *,
+        job: tuple[int, str, str] | None = None,
+        on_event: EventHandler = _ignore,
+    ) -> None:
+        self.profile = profile
+        self.token = processes.new_run_token()
+        self.run_dir = run_dir
+        self.warm = job is None
+        self.on_event = on_event
+        self.launched = time.time()
+        self.ready = threading.Event()
+        self.progressed = threading.Event()
+        self._heartbeat = time.monotonic()
+        self.log_path = log_path
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        os.makedirs(run_dir, exist_ok=True)
+        self._log: TextIO = open(log_path, "w")  # noqa: SIM115 - closed in wait()
+        role = ["--standby"]
+        if job is not None:
+            epoch, snapshot_dir, name = job
+            role = ["--epoch", str(epoch), snapshot_dir, name]
+        env = {
+            **os.environ,
+            **profile.environment(),
+            "PYTHONUNBUFFERED": "1",
+            processes.RUN_TOKEN_ENV: self.token,
+            processes.SUPERVISOR_PID_ENV: str(os.getpid()),
+            RUN_DIR_ENV: run_dir,
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "epochal.driver",
+                "--profile",
+                profile.to_json(),
+                "--launched",
+                str(self.launched),
+                *role,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
+        self._reader = threading.Thread(target=self._read, name="epochal-driver-out", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if not line.startswith(PROGRESS_PREFIX):
+                with contextlib.suppress(ValueError):
+                    self._log.write(line)
+                continue
+            try:
+                event = json.loads(line[len(PROGRESS_PREFIX) :])
+            except ValueError:
+                continue
+            self._heartbeat = time.monotonic()
+            kind = event.get("type", "progress")
+            if kind == "ready":
+                self.ready.set()
+            elif kind == "progress":
+                self.progressed.set()
+            if kind != "heartbeat":
+                self.on_event(self, event)
+
+    def heartbeat_age(self) -> float:
+        """Seconds since the driver last said anything."""
+        return time.monotonic() - self._heartbeat
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def promote(self, epoch: int, snapshot_dir: str, job: str) -> None:
+        """Bind this warm driver to ``job`` at lease ``epoch``: it starts the job's query."""
+        assert self.proc.stdin is not None
+        message = {"promote": True, "epoch": epoch, "snapshot_dir": snapshot_dir, "job": job}
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        self.warm = False
+        self._heartbeat = time.monotonic()
+
+    def kill(self) -> None:
+        """End every process of this driver run (PySpark daemons included) and wait."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            processes.kill_run(self.token)
+        self.wait()
+        with contextlib.suppress(OSError):
+            forget_run_record(self.run_dir, self.token)
+
+    def wait(self, timeout: float | None = None) -> RunOutcome | None:
+        """The outcome once the process ended (None if it still runs after ``timeout``)."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._reader.join(5)
+        with contextlib.suppress(OSError):
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        with contextlib.suppress(OSError):
+            self._log.close()
+        if code < 0:
+            return RunOutcome(code, -code)
+        if code == 137:
+            return RunOutcome(code, signal.SIGKILL)
+        return RunOutcome(code, None)
+
+
+class DriverPool:
+    """Warm drivers, ready for any job whose session profile they have.
+
+    ``take(profile)`` hands out a ready driver (the caller owns it from then on, and starts
+    a replacement in the pool); a supervisor given a pool promotes a driver from it instead of
+    starting one cold. A driver is never handed out twice, and a pool driver that dies while
+    waiting is replaced. Drivers are started from the pool's own thread, so they die with it
+    (the parent-death signal follows the thread that started them).
+
+    Args:
+        size: how many warm drivers to keep per profile.
+        directory: where their logs and run records go (a temporary directory by default).
+    """
+
+    def __init__(self, size: int = 1, directory: str | None = None) -> None:
+        self.size = size
+        self.directory = directory or tempfile.mkdtemp(prefix="epochal-pool-")
+        self._lock = threading.Lock()
+        self._warm: dict[SessionProfile, list[DriverProcess]] = {}
+        self._wanted: set[SessionProfile] = set()
+        self._wake = threading.Event()
+        self._closed = False
+        self._started = 0
+        self._thread = threading.Thread(target=self._keep_warm, name="epochal-pool", daemon=True)
+        self._thread.start()
+
+    def prepare(self, profile: SessionProfile) -> None:
+        """Start warming drivers for ``profile`` (before a job needs one)."""
+        with self._lock:
+            self._wanted.add(profile)
+        self._wake.set()
+
+    def take(self, profile: SessionProfile, wait: float = 0.0) -> DriverProcess | None:
+        """A ready driver of ``profile`` (waiting up to ``wait`` seconds for one that is
+        still warming), or None."""
+        self.prepare(profile)
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                drivers = self._warm.get(profile, [])
+                for driver in list(drivers):
+                    if driver.ready.is_set() and driver.alive():
+                        drivers.remove(driver)
+                        self._wake.set()
+                        return driver
+                warming = any(d.alive() for d in drivers)
+            if not warming or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def _keep_warm(self) -> None:
+        while not self._closed:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            with self._lock:
+                if self._closed:
+                    return
+                for profile in self._wanted:
+                    drivers = self._warm.setdefault(profile, [])
+                    for dead in [d for d in drivers if not d.alive()]:
+                        drivers.remove(dead)
+                        dead.kill()
+                    while len(drivers) < self.size:
+                        self._started += 1
+                        drivers.append(
+                            DriverProcess(
+                                profile,
+                                f"{self.directory}/driver-{self._started}.log",
+                                f"{self.directory}/runs",
+                            )
+                        )
+
+    def close(self) -> None:
+        """Kill every waiting driver."""
+        with self._lock:
+            self._closed = True
+            drivers = [d for group in self._warm.values() for d in group]
+            self._warm.clear()
+        self._wake.set()
+        for driver in drivers:
+            driver.kill()

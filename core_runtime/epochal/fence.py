@@ -1,0 +1,102 @@
+"""Fencing: a run acts only while the job's lease is still at the epoch the run started with.
+
+The job's lease (``<job>/lease.json``) carries an epoch that grows every time a driver is
+started for the job (by a supervisor restarting it, a standby promoted, another process
+resuming it). Each driver run knows its own epoch. Two things keep a run that lost the lease
+(a *zombie*: a paused process resumed, an orphan whose supervisor died) from acting:
+
+1. **The state moves.** A run keeps its state (Spark's checkpoint, the snapshot store) in
+   ``<job>/epochs/<epoch>``. Taking the job over moves that directory to the new epoch's name
+   (one atomic rename) *after* the lease shows the new epoch. Whatever the zombie writes
+   after the move goes to a path nobody reads, and the snapshot store refuses to write there
+   at all (:class:`~epochal.store.StateMovedError`).
+2. **The protocol checks.** Every commit decision, acknowledgement and recovery step checks
+   the fence (:meth:`Fence.check`) before it acts on the outside world, and a decision is
+   checked again after it is recorded: a decision that was recorded before the move is in
+   the new owner's state and is completed by it; one recorded after the move failed; either
+   way the zombie stops before phase 2.
+
+Together: the new owner sees every record the zombie made before the move, and the zombie
+acts on nothing after it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from epochal.store import SnapshotStore, get_record, put_record
+from epochal_sdk import FencedError
+
+LEASE_RECORD = "lease.json"
+EPOCHS = "epochs"
+"""The directory under a job that holds the state of its live epoch (and nothing else for
+long: stale ones left by zombies are deleted at the next take-over)."""
+
+
+def read_lease(job_path: str) -> dict[str, Any] | None:
+    """The job's lease record, or None when the job was never leased."""
+    return get_record(SnapshotStore(job_path), LEASE_RECORD)
+
+
+DRIVERS = "drivers"
+"""Where a job's drivers record what their runs are (under the job's directory)."""
+RUN_DIR_ENV = "EPOCHAL_RUN_DIR"
+"""The directory of run records of a driver process (inherited by its JVM and workers)."""
+
+
+def read_run_record(run_dir: str, token: str) -> dict[str, Any] | None:
+    """What the driver run ``token`` is: its job, job directory, guarantee, faults, lease
+    epoch and run. Its data sources read it when they are created, because a driver that was
+    started warm (a standby, a driver of a pool) learns its job after its JVM started."""
+    return get_record(SnapshotStore(run_dir), f"{token}.json")
+
+
+def write_run_record(run_dir: str, token: str, record: dict[str, Any]) -> None:
+    """Record what the driver run ``token`` is (see :func:`read_run_record`)."""
+    put_record(SnapshotStore(run_dir), f"{token}.json", record)
+
+
+def forget_run_record(run_dir: str, token: str) -> None:
+    """Delete the record of a driver run that ended."""
+    SnapshotStore(run_dir).delete(f"{token}.json")
+
+
+def state_dir(job_path: str, epoch: int) -> str:
+    """Where the state (checkpoint and store) of the run at lease ``epoch`` lives."""
+    return f"{job_path}/{EPOCHS}/{epoch}"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The fencing check of one run: the job at ``job_path``, leased at ``epoch``.
+
+    An epoch of 0 means the query runs outside ``epochal run`` (no lease): nothing to check.
+    """
+
+    job_path: str | None
+    epoch: int
+
+    @property
+    def active(self) -> bool:
+        """Whether this run is fenced by a lease at all."""
+        return bool(self.job_path) and self.epoch > 0
+
+    def check(self, doing: str) -> None:
+        """Raise :class:`FencedError` unless the job's lease is still at this run's epoch."""
+        if not self.active:
+            return
+        assert self.job_path is not None
+        try:
+            lease = read_lease(self.job_path)
+        except FileNotFoundError:
+            lease = None
+        now = int(lease["epoch"]) if lease else None
+        local = "://" not in self.job_path
+        if now != self.epoch or (local and not os.path.isdir(state_dir(self.job_path, self.epoch))):
+            raise FencedError(
+                f"{doing}: this run holds lease epoch {self.epoch} but the job's lease is at "
+                f"epoch {now} (owner pid {lease.get('pid') if lease else '?'}): another driver "
+                "owns the job now, so this run stops without acting"
+            )

@@ -1,0 +1,125 @@
+"""The processes of one driver run, found and ended as a whole.
+
+A driver run is more than one process: the Python driver, its JVM, PySpark's daemons (which
+put themselves in their own process groups) and their forked workers. Killing the driver's
+process group misses the daemons. So every run gets a *run token* in its environment, which
+every descendant inherits (``/proc/<pid>/environ`` keeps it, forks included); the run's
+processes are the ones that carry the token, wherever they were re-parented to.
+
+Also here: the parent-death signal that keeps a driver from outliving its supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterable
+
+RUN_TOKEN_ENV = "EPOCHAL_RUN_TOKEN"
+"""The environment variable that marks every process of one driver run."""
+SUPERVISOR_PID_ENV = "EPOCHAL_SUPERVISOR_PID"
+"""The pid of the supervisor of a driver run (inherited by all the run's processes)."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def new_run_token() -> str:
+    """A token for a new driver run."""
+    return uuid.uuid4().hex
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return needle in fh.read()
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def processes_of(token: str) -> list[int]:
+    """The live processes that carry ``token`` (empty on systems without ``/proc``)."""
+    if not token or not os.path.isdir("/proc"):
+        return []
+    needle = f"{RUN_TOKEN_ENV}={token}\0".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        pid = int(name) if name.isdigit() else me
+        if pid != me and _environ_has(pid, needle) and not _is_zombie(pid):
+            found.append(pid)
+    return found
+
+
+def _is_zombie(pid: int) -> bool:
+    """A process that exited and waits to be reaped (it can no longer do anything)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def kill_run(token: str, timeout: float = 10.0) -> list[int]:
+    """SIGKILL every process of the run ``token`` and wait until none is left.
+
+    Stopped processes are killed too (SIGKILL needs no SIGCONT). Returns the pids that were
+    killed; raises ``TimeoutError`` if some survive ``timeout`` seconds.
+    """
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = processes_of(token)
+        if not alive:
+            return killed
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes of run {token} survive SIGKILL: {alive}")
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        _reap(alive)
+        time.sleep(0.02)
+
+
+def _reap(pids: Iterable[int]) -> None:
+    """Collect our own children among ``pids`` so they do not linger as zombies."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def signal_run(token: str, signum: int) -> list[int]:
+    """Send ``signum`` to every process of the run (e.g. SIGSTOP/SIGCONT in tests)."""
+    pids = processes_of(token)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    return pids
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``signum`` to this process when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``). Returns False where that is not available. If the parent is
+    already gone when this is called, the caller must check ``os.getppid()`` itself."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)

@@ -1,0 +1,357 @@
+"""Recovery benchmark: how long a job is down after a failure, by the way it recovers and by
+the size of its keyed state.
+
+    python -m integration.bench.recovery [--sizes 1,100,1000] [--repeats 3] [--plot PATH]
+
+A job keeps a running count per key in Spark state (RocksDB state store), each key's state
+padded to give the state size wanted (about 1 MB, 100 MB, 1 GB), reads a journal (the map
+connector) that a producer appends to all the time, and writes each key's count to the map
+sink (exactly-once, upserts). For each state size it is killed, repeatedly, three ways:
+
+``cold``      the whole driver run and the warm standby are killed: the supervisor starts a
+              new driver process (JVM, SparkSession, connectors, state load from the
+              checkpoint)
+``standby``   the whole driver run is killed: the warm standby is promoted
+``in-place``  the driver's streaming source worker is killed (a crashed Python worker): the
+              driver restarts the query in its own SparkSession
+
+and two times are measured: kill → the first batch committed after it, and kill → the sink
+caught up (its counts add up to every event produced before the kill). It prints a table and
+writes a PNG plot of recovery time against state size (matplotlib, ``pip install
+matplotlib``); docs/performance/recovery.md shows both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
+KINDS = ("cold", "standby", "in-place")
+
+
+def pipeline(spark: Any) -> Any:
+    """journal (key, value) → count per key, state padded to the wanted size → map sink."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    spec = json.loads(os.environ[SPEC_ENV])
+    pad = "x" * int(spec["pad"])
+
+    def update(key: tuple[str], frames: Any, state: Any) -> Any:
+        import pandas as pd
+
+        count = state.get[0] if state.exists else 0
+        for frame in frames:
+            count += len(frame)
+        state.update((count, pad))
+        yield pd.DataFrame({"key": [key[0]], "value": [str(count)]})
+
+    events = (
+        spark.readStream.format("epochal.map")
+        .option("path", spec["path"])
+        .option("map", "events")
+        .option("maxRecordsPerBatch", str(spec["per_batch"]))
+        .load()
+        .selectExpr("key")
+    )
+    counts = events.groupBy("key").applyInPandasWithState(
+        update,
+        outputStructType="key string, value string",
+        stateStructType="n long, pad string",
+        outputMode="append",
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+    return (
+        counts.writeStream.format("epochal.map")
+        .option("path", spec["path"])
+        .option("map", "counts")
+        .option("mode", "idempotent")
+        .outputMode("append")
+    )
+
+
+@dataclass
+class Sample:
+    """One kill."""
+
+    kind: str
+    size_mb: int
+    first_batch_s: float
+    caught_up_s: float
+
+
+@dataclass
+class Producer:
+    """Appends events round-robin over the keys at a steady rate (a thread)."""
+
+    path: str
+    keys: int
+    rate: float
+    produced: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        from epochal_map.store import MapStore
+
+        while not self.stop.is_set():
+            started = time.monotonic()
+            chunk = max(1, int(self.rate / 5))
+            events = [(f"k{(self.produced + i) % self.keys}", "e") for i in range(chunk)]
+            with MapStore(self.path) as store:
+                store.append_events("events", events)
+            self.produced += chunk
+            self.stop.wait(max(0.0, chunk / self.rate - (time.monotonic() - started)))
+
+
+class Bench:
+    """One state size: a job with a standby, killed the three ways in turn."""
+
+    def __init__(self, size_mb: int, args: argparse.Namespace, directory: str) -> None:
+        from epochal_map.store import MapStore
+
+        self.size_mb, self.args = size_mb, args
+        self.keys = args.keys
+        self.pad = max(1, size_mb * 1_000_000 // self.keys)
+        self.directory = f"{directory}/{size_mb}mb"
+        os.makedirs(self.directory)
+        self.path = f"{self.directory}/map.sqlite"
+        with MapStore(self.path) as store:  # every key once: the state exists from batch 0
+            store.append_events("events", [(f"k{i}", "e") for i in range(self.keys)])
+        self.producer = Producer(self.path, self.keys, args.rate, produced=self.keys)
+        os.environ[SPEC_ENV] = json.dumps(
+            {"path": self.path, "pad": self.pad, "per_batch": args.per_batch}
+        )
+
+    def run(self) -> list[Sample]:
+        from epochal.api import Job
+        from epochal.config import JobConfig
+
+        config = JobConfig(
+            guarantee="exactly-once",
+            snapshot_interval=1.0,
+            snapshot_dir=f"{self.directory}/snapshots",
+            standby=True,
+            restart_backoff=0.0,
+            max_restarts=50,
+            spark_conf={"spark.sql.shuffle.partitions": "2"},
+        )
+        self.job = Job.submit(
+            "recovery", "integration.bench.recovery:pipeline", config, report=lambda line: None
+        )
+        thread = threading.Thread(target=self.producer.run, daemon=True)
+        try:
+            self._wait(lambda: self._caught_up(self.keys), "the state to be built", 3600)
+            thread.start()
+            samples = []
+            for turn in range(self.args.repeats):
+                for kind in KINDS:
+                    self._wait(self._standby_ready, "a warm standby", 600)
+                    time.sleep(2.0)  # let the job settle into its steady pace
+                    sample = self._kill(kind)
+                    samples.append(sample)
+                    self.say(
+                        f"{self.size_mb:>5} MB  {kind:<9} first batch "
+                        f"{sample.first_batch_s:6.2f}s  caught up {sample.caught_up_s:6.2f}s"
+                        f"  (round {turn + 1})"
+                    )
+            return samples
+        finally:
+            self.producer.stop.set()
+            self.job.cancel()
+            with contextlib.suppress(Exception):
+                self.job.join(120)
+
+    def _kill(self, kind: str) -> Sample:
+        from epochal import processes
+
+        record = self.job.status()
+        token = str(record.driver.get("token") or "")
+        produced = self.producer.produced
+        killed_at = time.time()
+        if kind == "in-place":
+            runners = [
+                p
+                for p in processes.processes_of(token)
+                if b"python_streaming_source_runner" in _cmdline(p)
+            ]
+            os.kill(runners[0], signal.SIGKILL)
+        else:
+            if kind == "cold":
+                standby = (record.supervisor or {}).get("standby_pid")
+                lease = self.job.jobdir.lease() or {}
+                for other in lease.get("tokens") or []:
+                    if other != token:
+                        processes.signal_run(str(other), signal.SIGKILL)
+                if standby:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(standby), signal.SIGKILL)
+            processes.kill_run(token)
+        first = self._wait(lambda: self._new_run_committed(killed_at), "a new run's batch", 600)
+        self._wait(lambda: self._caught_up(produced), "the sink to catch up", 600)
+        return Sample(kind, self.size_mb, first - killed_at, time.time() - killed_at)
+
+    def _new_run_committed(self, moment: float) -> float | None:
+        """When the first run started after ``moment`` committed its first batch."""
+        for run in reversed(self.job.status().runs):
+            if float(run.get("started", 0.0)) > moment and run.get("first_batch_at"):
+                return float(run["first_batch_at"])
+        return None
+
+    def _standby_ready(self) -> bool:
+        record = self.job.status()
+        pid = (record.supervisor or {}).get("standby_pid")
+        return bool(pid) and record.status.value == "RUNNING" and _alive(int(pid))
+
+    def _caught_up(self, produced: int) -> bool:
+        from epochal_map.store import MapStore
+
+        with MapStore(self.path) as store:
+            counts = store.entries("counts")
+        return sum(int(v) for v in counts.values()) >= produced
+
+    def _wait(self, condition: Any, what: str, seconds: float) -> Any:
+        deadline = time.monotonic() + seconds
+        while True:
+            value = condition()
+            if value:
+                return value
+            record = self.job.status()
+            if record.status.finished:
+                raise RuntimeError(f"the job ended ({record.status.value}: {record.failure})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def table(samples: list[Sample]) -> str:
+    """The p50 (and max) per kind and state size."""
+    sizes = sorted({s.size_mb for s in samples})
+    lines = [
+        "| recovery | "
+        + " | ".join(f"{size} MB: first batch / caught up" for size in sizes)
+        + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    for kind in KINDS:
+        cells = []
+        for size in sizes:
+            chosen = [s for s in samples if s.kind == kind and s.size_mb == size]
+            if not chosen:
+                cells.append("-")
+                continue
+            first = statistics.median(s.first_batch_s for s in chosen)
+            caught = statistics.median(s.caught_up_s for s in chosen)
+            cells.append(f"{first:.1f} s / {caught:.1f} s (n={len(chosen)})")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(samples: list[Sample], path: str) -> str:
+    """A PNG of recovery time (p50, kill → first batch and → caught up) per state size."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: pip install matplotlib"
+    sizes = sorted({s.size_mb for s in samples})
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for axis, attr, title in (
+        (axes[0], "first_batch_s", "kill → first committed batch"),
+        (axes[1], "caught_up_s", "kill → output caught up"),
+    ):
+        for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
+            values = [
+                statistics.median(
+                    getattr(s, attr) for s in samples if s.kind == kind and s.size_mb == size
+                )
+                for size in sizes
+            ]
+            axis.plot(sizes, values, marker=marker, label=kind)
+        axis.set_xscale("log")
+        axis.set_xlabel("keyed state (MB, log scale)")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    axes[0].set_ylabel("seconds (p50)")
+    axes[1].legend()
+    figure.suptitle("epochal recovery time by way of recovery and state size (2 cores)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m integration.bench.recovery")
+    parser.add_argument(
+        "--sizes", default="1,100,1000", help="state sizes in MB (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--keys", type=int, default=20_000, help="keys in the state (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="kills per kind and size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="events per second (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--per-batch", type=int, default=5000, help="read limit (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--plot", default="docs/performance/recovery.png", help="PNG path (default: %(default)s)"
+    )
+    parser.add_argument("--json", help="write the samples as JSON here")
+    args = parser.parse_args(argv)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    directory = tempfile.mkdtemp(prefix="epochal-recovery-")
+    samples: list[Sample] = []
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            samples += Bench(size, args, directory).run()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print()
+    print(table(samples))
+    print(plot(samples, args.plot))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([s.__dict__ for s in samples], fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Spark Connect: an exactly-once Kafka → PostgreSQL query started by a Spark Connect client.
+
+The client (``spark_connect_server.session()``) never imports epochal and never registers
+anything: ``format("epochal.kafka")`` and ``format("epochal.jdbc")`` resolve on the server,
+whose Python finds the installed ``pyspark_epochal_*`` packages (Spark-native discovery).
+The query carries its job through options (``epochal.job``, ``epochal.snapshotDir``), as a
+query started without ``epochal run`` does; no supervisor is involved (see
+docs/spark-connect.md).
+
+The crash: a driver crash point right after the commit decision of batch 1 kills the whole
+Spark Connect server (the server is the driver) with SIGKILL, with the batch's transactions
+prepared in PostgreSQL and not yet committed. The server is started again and a new client
+session starts the same query on the same checkpoint: the recovery at query start commits
+the decided transactions, the replay of batch 1 writes nothing, and an independent reader
+of the table sees every Kafka record exactly once, with no prepared transaction left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochal.context import JobContext
+from integration.harness.kafka import KafkaServer
+from integration.harness.plugin import PostgresDatabase
+from integration.harness.spark_connect import SparkConnectServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+RECORDS = 300
+PER_BATCH = 100
+CRASH = "sink.after_decision@1"
+
+
+def _produce(kafka: KafkaServer, topic: str, count: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka.client_config(acks="all", **{"enable.idempotence": True}))
+    failures: list[Any] = []
+    for i in range(count):
+        producer.produce(
+            topic,
+            key=f"id-{i:05d}",
+            value=f"event {i}",
+            partition=i % 3,
+            on_delivery=lambda err, _msg: failures.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0, "records still unsent after 30s"
+    assert not failures, failures
+
+
+def _start(session: Any, kafka: KafkaServer, topic: str, db: PostgresDatabase, job: dict) -> Any:
+    """The client's query: plain PySpark over Spark Connect, with the job in options."""
+    events = (
+        session.readStream.format("epochal.kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("maxRecordsPerBatch", str(PER_BATCH))
+        .options(**job)
+        .load()
+    )
+    rows = events.selectExpr("CAST(key AS STRING) AS id", "CAST(value AS STRING) AS payload")
+    return (
+        rows.writeStream.format("epochal.jdbc")
+        .option("url", db.dsn)
+        .option("table", "events")
+        .option("createTable", "true")
+        .option("mode", "transactional")
+        .options(**job)
+        .option("checkpointLocation", job["epochal.snapshotDir"] + "/checkpoint")
+        .queryName("connect_kafka_to_postgres")
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def _table(db: PostgresDatabase) -> Counter[str]:
+    with db.connect() as conn:
+        if conn.execute("SELECT to_regclass('events')").fetchone()[0] is None:
+            return Counter()
+        return Counter(row[0] for row in conn.execute("SELECT id FROM events"))
+
+
+def _prepared(db: PostgresDatabase) -> list[str]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.mark.kafka_topic(partitions=3)
+def test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill(
+    spark_connect_server: SparkConnectServer,
+    kafka_server: KafkaServer,
+    kafka_topic: str,
+    postgres_db: PostgresDatabase,
+    tmp_path: Path,
+) -> None:
+    spark_connect_server.require_faults()
+    _produce(kafka_server, kafka_topic, RECORDS)
+    job = {
+        "epochal.job": "connect-eo",
+        "epochal.snapshotDir": str(tmp_path / "snapshots"),
+        "epochal.faults": CRASH,
+    }
+
+    first = spark_connect_server.session()
+    _start(first, kafka_server, kafka_topic, postgres_db, job)
+    # The crash point kills the server: wait for that on this machine (no client calls to a
+    # server that is going away), with a deadline.
+    spark_connect_server.wait_stopped(timeout=300)
+    fired = JobContext.current(job).faults.fired()
+    assert fired == [CRASH], f"the server died, but not at the crash point (fired: {fired})"
+    committed_before = _table(postgres_db)
+    assert 0 < sum(committed_before.values()) < RECORDS, committed_before
+    assert _prepared(postgres_db), "batch 1 was decided: its transactions must be prepared"
+
+    spark_connect_server.start()
+    first.stop()  # its session died with the old server; nothing to release
+    with spark_connect_server.sessions() as second:
+        started = time.monotonic()
+        query = _start(second, kafka_server, kafka_topic, postgres_db, job)
+        assert query.awaitTermination(300), "the restarted query did not finish within 300s"
+        assert query.exception() is None, query.exception()
+        print(f"restarted query finished in {time.monotonic() - started:.1f}s")
+
+    table = _table(postgres_db)
+    expected = {f"id-{i:05d}" for i in range(RECORDS)}
+    assert set(table) == expected, f"lost: {sorted(expected - set(table))[:10]}"
+    assert [key for key, n in table.items() if n > 1] == [], "duplicates in the table"
+    assert _prepared(postgres_db) == []
+
+
+def test_register_from_a_connect_client_works_beside_the_discovered_formats(
+    spark_connect_server: SparkConnectServer, tmp_path: Path
+) -> None:
+    """``epochal.register(spark)`` also works over Spark Connect (for a server whose Python
+    does not discover the formats itself), and does not clash with the discovered ones."""
+    import epochal
+    from epochal_map import MapStore
+
+    with MapStore(str(tmp_path / "journal.sqlite")) as store:
+        store.append_events("events", [("1", "one")])
+    with spark_connect_server.sessions() as session:
+        discovered = (
+            session.readStream.format("epochal.map")
+            .option("path", str(tmp_path / "journal.sqlite"))
+            .option("map", "events")
+            .load()
+        )
+        assert "key" in discovered.columns and "value" in discovered.columns
+        assert "epochal.map" in epochal.register(session)
+        registered = (
+            session.readStream.format("epochal.map")
+            .option("path", str(tmp_path / "journal.sqlite"))
+            .option("map", "events")
+            .load()
+        )
+        assert registered.columns == discovered.columns
+
+
+def test_a_refusal_at_start_reaches_the_connect_client_with_epochals_message(
+    spark_connect_server: SparkConnectServer, postgres_db: PostgresDatabase, tmp_path: Path
+) -> None:
+    """An at-least-once sink (jdbc ``mode=plain``) in an exactly-once query is refused when
+    the query starts on the server; the client sees epochal's ``GuaranteeError``."""
+    from epochal_map import MapStore
+
+    journal = str(tmp_path / "journal.sqlite")
+    with MapStore(journal) as store:
+        store.append_events("events", [("1", "one")])
+    job = {"epochal.job": "refused", "epochal.snapshotDir": str(tmp_path / "snapshots")}
+    with spark_connect_server.sessions() as session:
+        query = (
+            session.readStream.format("epochal.map")
+            .option("path", journal)
+            .option("map", "events")
+            .options(**job)
+            .load()
+            .writeStream.format("epochal.jdbc")
+            .option("url", postgres_db.dsn)
+            .option("table", "refused")
+            .option("createTable", "true")
+            .option("mode", "plain")
+            .options(**job)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(Exception, match="GuaranteeError") as raised:
+            query.awaitTermination(120)
+        assert "Refusing to start" in str(raised.value)
+    with postgres_db.connect() as conn:
+        assert conn.execute("SELECT to_regclass('refused')").fetchone()[0] is None
