@@ -146,6 +146,7 @@ class Soak:
         self.args = args
         self.random = random.Random(args.seed)
         self.directory = args.dir or tempfile.mkdtemp(prefix="epochal-soak-")
+        os.makedirs(self.directory, exist_ok=True)
         self.snapshots = f"{self.directory}/snapshots"
         self.supervisor: subprocess.Popen[str] | None = None
         self.supervisors = 0

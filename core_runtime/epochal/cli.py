@@ -135,18 +135,24 @@ def _run(args: argparse.Namespace) -> int:
     _refuse_spark_connect(args.master)
     sys.path.insert(0, os.getcwd())
     jobdir = submit(args.name, args.target, _config(args), replace=args.replace)
-    return _supervise(jobdir, force=False)
+    return _supervise(jobdir, force=False, args=args)
 
 
 EXIT_TAKEN_OVER = 3
 """Exit code of a supervisor whose job was taken over by another supervisor."""
 
 
-def _supervise(jobdir: Any, force: bool) -> int:
+def _supervise(jobdir: Any, force: bool, args: argparse.Namespace | None = None) -> int:
     from epochal.jobs import JobStatus
     from epochal.supervisor import Supervisor
 
-    supervisor = Supervisor(jobdir, force=force, on_progress=_progress)
+    supervisor = Supervisor(
+        jobdir,
+        force=force,
+        on_progress=_progress,
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", None) or "127.0.0.1",
+    )
     try:
         record = supervisor.run()
         if supervisor.lost.is_set():
@@ -221,13 +227,18 @@ def _jobs(args: argparse.Namespace) -> int:
         status = job_status(jobdir)
         print(json.dumps(status, indent=2, default=str) if args.json else render(status))
         return 0
+    if action == "metrics":
+        from epochal.metrics import render_prometheus
+
+        print(render_prometheus(jobdir), end="")
+        return 0
     if action in ("cancel", "suspend"):
         record = request(jobdir, action)
         print(f"{record.name}: {action} requested; status {record.status.value}")
         return 0
     if action == "resume":
         _refuse_spark_connect(jobdir.load().job_config.master)
-        return _supervise(jobdir, force=args.force)
+        return _supervise(jobdir, force=args.force, args=args)
     if action == "verify":
         problems = verify_job(jobdir)
         if problems:
@@ -242,18 +253,9 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _in_doubt(args: argparse.Namespace) -> int:
-    import importlib
+    from epochal.indoubt import main
 
-    try:
-        tool = importlib.import_module(f"epochal_{args.connector}.indoubt")
-    except ModuleNotFoundError:
-        print(
-            f"epochal: connector {args.connector!r} has no in-doubt tool "
-            f"(is epochal-{args.connector} installed?)",
-            file=sys.stderr,
-        )
-        return 2
-    return int(tool.main(args.args) or 0)
+    return main(args.args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -390,6 +392,7 @@ def parser() -> argparse.ArgumentParser:
         "half of it without a renewal, another supervisor takes over after all of it "
         "(default: %(default)s)",
     )
+    _metrics_options(p)
     p.set_defaults(func=_run)
 
     p = sub.add_parser(
@@ -399,9 +402,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "action",
-        choices=["list", "status", "cancel", "suspend", "resume", "verify"],
+        choices=["list", "status", "metrics", "cancel", "suspend", "resume", "verify"],
         help="list: every job; status: who runs a job (supervisor, driver, lease), its "
-        "phase and its runs; cancel: stop it and delete its snapshots; suspend: stop it, keep "
+        "phase, its runs and its parts' metrics; metrics: the job's metrics in Prometheus "
+        "text format; cancel: stop it and delete its snapshots; suspend: stop it, keep "
         "the snapshots; resume: run it again from its last snapshot, supervised by this "
         "process (after the lease of a previous supervisor expired, at once if that one is "
         "known dead); verify: check its snapshot data",
@@ -421,16 +425,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="status: print JSON instead of text (default: off)"
     )
+    _metrics_options(p, "resume: ")
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser(
         "in-doubt",
         help="list or settle a job's prepared transactions by hand (operators)",
-        description="Delegates to the connector's operator tool, e.g. "
-        "`epochal in-doubt jdbc list --dsn URL --job NAME --snapshot-dir DIR`.",
+        description="For every transactional sink of a job, through the sink contract: "
+        "`epochal in-doubt list NAME --snapshot-dir DIR` shows each in-doubt transaction and "
+        "the decision the job's snapshot holds for it; `epochal in-doubt settle NAME ...` "
+        "commits the decided ones and rolls back the rest (refused while the job runs, unless "
+        "--force). Options: --sink ID, --connector NAME (sinks the job's store does not "
+        "record), -o KEY=VALUE (sink options, e.g. a password), --force. "
+        "`epochal in-doubt list --help` describes them.",
+        add_help=False,
     )
-    p.add_argument("connector", help="the connector whose transactions to inspect (jdbc)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="list|settle and the tool's options")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="list|settle NAME [options]")
     p.set_defaults(func=_in_doubt)
 
     p = sub.add_parser(
@@ -444,7 +454,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--events",
         type=int,
-        default=6000,
+        default=8000,
         help="events written to the journal while the job runs (default: %(default)s)",
     )
     p.add_argument(
@@ -472,6 +482,23 @@ def parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_demo)
     return top
+
+
+def _metrics_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--metrics-port``/``--metrics-host``: the supervisor's Prometheus endpoint."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"{prefix}serve the job's metrics in Prometheus text format at "
+        "http://HOST:PORT/metrics while this supervisor runs (0: a free port, printed); "
+        "the driver also writes them to <job>/metrics/epochal.prom (default: no endpoint)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help=f"{prefix}the address the metrics endpoint listens on (default: %(default)s)",
+    )
 
 
 def _where(args: argparse.Namespace) -> str:

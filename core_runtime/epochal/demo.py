@@ -24,7 +24,9 @@ from epochal.jobs import JobStatus
 
 MAP_ENV = "EPOCHAL_DEMO_MAP"
 USERS = 25
-DEFAULT_FAULTS = "sink.after_decision@3,sink.mid_commit@9"
+DEFAULT_FAULTS = "sink.after_decision@8,sink.mid_commit@12:worker"
+"""The whole driver killed after a commit decision (the warm standby takes over), then the
+commit worker killed in the middle of phase 2 (the driver restarts the query in place)."""
 
 
 def pipeline(spark: Any) -> Any:
@@ -95,7 +97,7 @@ def _tally(path: str, total: int) -> Tally:
 
 
 def run(
-    events: int = 6000,
+    events: int = 8000,
     faults: str = DEFAULT_FAULTS,
     directory: str | None = None,
     keep: bool = False,
@@ -111,7 +113,8 @@ def run(
     say(f"working in {work}")
     say(
         f"pipeline: journal 'events' → running totals per user (Spark state) → map 'totals' "
-        f"(two-phase commit), exactly-once, snapshot every 1s; crash points: {faults}"
+        f"(two-phase commit), exactly-once, snapshot every 1s, a warm standby driver; "
+        f"crash points: {faults}"
     )
     stop = threading.Event()
     producer = threading.Thread(
@@ -127,6 +130,7 @@ def run(
         snapshot_dir=os.path.join(work, "snapshots"),
         faults=faults,
         restart_backoff=0.5,
+        standby=True,
     )
     seen = {"rows": 0, "run": 1}
 
@@ -173,6 +177,13 @@ def run(
     print(f"events: {tally.events}")
     print(f"counted: {tally.counted}")
     print(f"restarts: {record.restarts}")
+    for entry in record.runs:
+        recovery = entry.get("recovery_s")
+        print(
+            f"  run {entry.get('run')}: {entry.get('kind')} driver, first batch "
+            f"{entry.get('first_batch_s', '-')}s after its start"
+            + (f", {recovery}s after the failure" if recovery is not None else "")
+        )
     if tally.lost < 0:
         print(
             f"incomplete: only {tally.counted} of {tally.events} events were processed before "

@@ -37,7 +37,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal import processes
+from epochal import objectstore, processes
 from epochal.context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
@@ -55,10 +55,10 @@ from epochal.failures import (
     identify,
 )
 from epochal.faults import FaultPlan
-from epochal.fence import RUN_DIR_ENV, Fence, state_dir, write_run_record
+from epochal.fence import RUN_DIR_ENV, Fence, checkpoint_location, state_dir, write_run_record
 from epochal.jobs import LEASE_TTL, PROGRESS_PREFIX, JobDirectory, JobRecord, JobStatus
 from epochal.registry import EXTRA_PLUGINS_ENV
-from epochal.store import SnapshotStore
+from epochal.store import Checkpoint, SnapshotStore
 from epochal_sdk import FencedError
 from epochal_sdk.errors import STARTING_ENV
 
@@ -112,6 +112,7 @@ class Supervision:
     def __init__(self) -> None:
         self.supervisor_pid = int(os.environ.get(processes.SUPERVISOR_PID_ENV, os.getppid()))
         self._promotion: tuple[int, str, str] | None = None
+        self.env: dict[str, str] = {}
         self._promoted = threading.Event()
 
     def start(self) -> None:
@@ -125,6 +126,7 @@ class Supervision:
         for line in sys.stdin:
             message = json.loads(line) if line.strip().startswith("{") else {}
             if message.get("promote"):
+                self.env = dict(message.get("env") or {})
                 self._promotion = (
                     int(message["epoch"]),
                     str(message["snapshot_dir"]),
@@ -206,9 +208,22 @@ def _environment(record: JobRecord, jobdir: JobDirectory) -> None:
             sys.path.insert(0, entry)
 
 
-def _expected_executors(master: str) -> int:
+def _expected_executors(master: str, conf: dict[str, str] | None = None) -> int:
+    """How many executors the job asks for: ``local-cluster[N,…]``'s N; on a cluster
+    ``spark.executor.instances``, or ``spark.cores.max / spark.executor.cores``; else 1."""
     match = re.match(r"local-cluster\[(\d+)", master)
-    return int(match.group(1)) if match else 1
+    if match:
+        return int(match.group(1))
+    if master.startswith("local"):
+        return 1
+    conf = conf or {}
+    with contextlib.suppress(ValueError):
+        if conf.get("spark.executor.instances"):
+            return max(1, int(conf["spark.executor.instances"]))
+        if conf.get("spark.cores.max"):
+            per = int(conf.get("spark.executor.cores") or 1)
+            return max(1, int(conf["spark.cores.max"]) // max(1, per))
+    return 1
 
 
 @dataclass(frozen=True)
@@ -290,6 +305,8 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
         builder = builder.config("spark.executor.memory", "600m").config(
             "spark.task.maxFailures", "4"
         )
+    for key, value in objectstore.spark_conf().items():  # s3a:// checkpoints, executors' store
+        builder = builder.config(key, value)
     for key, value in profile.spark_conf:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -316,19 +333,38 @@ def wait_for_executors(spark: Any, wanted: int, seconds: float) -> int:
 def checkpoint_manifest(state: str, batch: int, fence: Fence) -> None:
     """Record the checksums of Spark's offset and commit log entries of ``batch``."""
     entry = {}
+    checkpoint = Checkpoint(f"{state}/checkpoint")
     for log_name in ("offsets", "commits"):
-        path = f"{state}/checkpoint/{log_name}/{batch}"
         try:
-            with open(path, "rb") as fh:
-                entry[log_name] = hashlib.sha256(fh.read()).hexdigest()
+            data = checkpoint.read(f"{log_name}/{batch}")
         except OSError:
             continue
+        if data is not None:
+            entry[log_name] = hashlib.sha256(data).hexdigest()
     if entry:
         store = SnapshotStore(f"{state}/store", anchor=state if fence.active else None)
         store.write_json(f"checkpoint/{batch:012d}", entry, count=len(entry))
 
 
 # -- runs ----------------------------------------------------------------------------------
+class Phases:
+    """Where a run's start went: seconds spent in each step up to its first batch (the
+    process and its session, connector registration, binding to the job, the quorum, the
+    query's start, the first batch), kept in the run's history entry."""
+
+    def __init__(self, started: float) -> None:
+        self._last = started
+        self._spent: dict[str, float] = {}
+
+    def mark(self, step: str, since: float | None = None) -> None:
+        now = time.time()
+        self._spent[step] = round(now - (self._last if since is None else since), 3)
+        self._last = now
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self._spent)
+
+
 @dataclass
 class RunState:
     """The run the driver is on now (shared with the listener's thread)."""
@@ -355,6 +391,7 @@ class Driver:
         self.faults = FaultPlan()
         self.current = RunState()
         self.spark: Any = None
+        self.phases = Phases(time.time())
 
     @property
     def state(self) -> str:
@@ -370,10 +407,13 @@ class Driver:
         """Start the session; when ``job`` (epoch, snapshot dir, name) is None, warm up and
         wait to be promoted; then run the job until done. Returns the exit code."""
         try:
+            self.phases.mark("process", since=launched)
             from epochal.spark.datasource import register
 
             self.spark = spark_session(self.profile)
+            self.phases.mark("session")
             register(self.spark)
+            self.phases.mark("register")
             kind = "cold"
             if job is None:
                 from epochal.spark.warmup import warm_up
@@ -382,7 +422,9 @@ class Driver:
                 emit({"type": "ready", "warmup_s": round(took, 2)})
                 job = self.supervision.wait_for_promotion()
                 kind, launched = "standby", time.time()
+                self.phases = Phases(launched)
             build = self._bind(*job)
+            self.phases.mark("bind")
             return self._runs(build, kind, launched)
         except BaseException as exc:
             text = "".join(traceback.format_exception(exc))
@@ -395,6 +437,7 @@ class Driver:
     def _bind(self, epoch: int, snapshot_dir: str, name: str) -> Any:
         """Become the driver of job ``name`` at lease ``epoch``: its fence, its watchdog,
         its listener; returns the job's build function."""
+        os.environ.update(self.supervision.env)  # the supervisor's, as it is now
         self.jobdir = JobDirectory(snapshot_dir, name)
         self.record = self.jobdir.load()
         wanted = SessionProfile.of(self.record)
@@ -414,8 +457,10 @@ class Driver:
     def _runs(self, build: Any, kind: str, started: float) -> int:
         while True:
             self._check_quorum()
+            self.phases.mark("quorum")
             self._begin_run(kind, started)
             query = self._start_query(build)
+            self.phases.mark("query start")
             outcome = self._watch(query)
             if outcome is None:
                 return EXIT_DONE
@@ -425,11 +470,15 @@ class Driver:
             if not self._restart_in_place(outcome):
                 return EXIT_FATAL
             kind, started = "in-place", time.time()
+            self.phases = Phases(started)
 
     def _check_quorum(self) -> None:
         assert self.jobdir is not None and self.record is not None
-        wanted = _expected_executors(self.config.master)
-        count = wait_for_executors(self.spark, wanted, 120)
+        wanted = _expected_executors(self.config.master, dict(self.config.spark_conf))
+        if self.config.master.startswith("local") or self.jobdir.load().original_executors is None:
+            count = wait_for_executors(self.spark, wanted, 120)
+        else:  # a restart on a cluster: what is there now (the quorum check waits below)
+            count = executor_count(self.spark)
         with self.jobdir.update(self.fence) as current:
             if current.original_executors is None:
                 current.original_executors = count
@@ -497,7 +546,7 @@ class Driver:
                 f"{self.record.target} returned {type(writer).__name__}; it must return "
                 "df.writeStream... (a DataStreamWriter, not started)"
             )
-        writer = writer.option("checkpointLocation", f"{self.state}/checkpoint").queryName(
+        writer = writer.option("checkpointLocation", checkpoint_location(self.state)).queryName(
             self.record.name
         )
         if self.config.available_now:
@@ -612,9 +661,12 @@ class Driver:
                     entry["first_batch"] = batch
                     entry["first_batch_at"] = time.time()
                     entry["first_batch_s"] = round(time.time() - started, 3)
+                    self.phases.mark("first batch")
+                    entry["phases"] = self.phases.as_dict()
                     if entry.get("failed_at"):
                         entry["recovery_s"] = round(time.time() - float(entry["failed_at"]), 3)
             self.record.progress = current.progress
+        self._collect_metrics(batch, progress)
         emit(
             {
                 "type": "progress",
@@ -624,6 +676,18 @@ class Driver:
                 "rows": rows,
             }
         )
+
+    def _collect_metrics(self, batch: int, progress: Any) -> None:
+        """Fold the parts' metrics of this batch and Spark's progress into the job's metrics;
+        rewrite the Prometheus textfile (best effort: metrics never fail a batch)."""
+        assert self.jobdir is not None and self.record is not None
+        try:
+            from epochal import metrics
+
+            metrics.collect(self.jobdir.path, batch, json.loads(progress.json), self.record.created)
+            metrics.write_textfile(self.jobdir)
+        except Exception:
+            log.warning("metrics of batch %s not collected", batch, exc_info=True)
 
 
 def make_listener(driver: Driver) -> Any:

@@ -146,9 +146,25 @@ class DriverProcess:
         return self.proc.poll() is None
 
     def promote(self, epoch: int, snapshot_dir: str, job: str) -> None:
-        """Bind this warm driver to ``job`` at lease ``epoch``: it starts the job's query."""
+        """Bind this warm driver to ``job`` at lease ``epoch``: it starts the job's query.
+        The driver's Python takes the supervisor's environment as it is now (a pipeline that
+        reads a setting from the environment sees the current one); its JVM and workers keep
+        the one they started with (connectors get what they need from the run record)."""
         assert self.proc.stdin is not None
-        message = {"promote": True, "epoch": epoch, "snapshot_dir": snapshot_dir, "job": job}
+        per_driver = {
+            processes.RUN_TOKEN_ENV,
+            processes.SUPERVISOR_PID_ENV,
+            RUN_DIR_ENV,
+            *self.profile.environment(),
+        }
+        env = {k: v for k, v in os.environ.items() if k not in per_driver}
+        message = {
+            "promote": True,
+            "epoch": epoch,
+            "snapshot_dir": snapshot_dir,
+            "job": job,
+            "env": env,
+        }
         self.proc.stdin.write(json.dumps(message) + "\n")
         self.proc.stdin.flush()
         self.warm = False
@@ -183,6 +199,27 @@ class DriverProcess:
         return RunOutcome(code, None)
 
 
+_DEFAULT_POOL: DriverPool | None = None
+
+
+def default_pool() -> DriverPool | None:
+    """The pool supervisors of this process take warm drivers from when they are given
+    none (set by :func:`use_pool`; the conformance kit sets one for a test session)."""
+    return _DEFAULT_POOL
+
+
+def use_pool(pool: DriverPool | None) -> None:
+    """Make ``pool`` the default pool of this process (None: no default)."""
+    global _DEFAULT_POOL
+    _DEFAULT_POOL = pool
+
+
+def poolable(profile: SessionProfile) -> bool:
+    """Whether warm drivers of a pool can serve this profile: a local master (a local
+    cluster or a real cluster holds executors that a waiting driver would keep busy)."""
+    return profile.master.startswith("local[") or profile.master == "local"
+
+
 class DriverPool:
     """Warm drivers, ready for any job whose session profile they have.
 
@@ -211,6 +248,8 @@ class DriverPool:
 
     def prepare(self, profile: SessionProfile) -> None:
         """Start warming drivers for ``profile`` (before a job needs one)."""
+        if not poolable(profile):
+            return
         with self._lock:
             self._wanted.add(profile)
         self._wake.set()
@@ -218,6 +257,8 @@ class DriverPool:
     def take(self, profile: SessionProfile, wait: float = 0.0) -> DriverProcess | None:
         """A ready driver of ``profile`` (waiting up to ``wait`` seconds for one that is
         still warming), or None."""
+        if not poolable(profile):
+            return None
         self.prepare(profile)
         deadline = time.monotonic() + wait
         while True:

@@ -52,8 +52,11 @@ FENCED = FailureKind(
     "kit: zombie driver (SIGSTOP past the lease, SIGCONT after a take-over)",
 )
 
-# Checked in this order; the first kind whose mark is in the text wins. Fatal kinds come
-# before restartable ones, so a user error wrapped in a lost task is still a user error.
+# Checked in this order; the first kind whose mark is in the text wins. epochal's typed fatal
+# errors come before the restartable kinds, so a user error wrapped in a lost task is still a
+# user error; Spark's generic wrappers (AnalysisException) come last, because Spark wraps
+# restartable causes in them too (a sink that lost its server while Spark set up the batch's
+# writer surfaces as "AnalysisException: [PYTHON_DATA_SOURCE_ERROR] ... RestartableError").
 KINDS: tuple[FailureKind, ...] = (
     FENCED,
     FailureKind(
@@ -71,8 +74,8 @@ KINDS: tuple[FailureKind, ...] = (
         "tests/spark/test_jobs.py::test_corrupt_snapshot_refuses_restart",
     ),
     FailureKind(
-        "a record cannot be processed (poison record) or the query is wrong",
-        ("PoisonRecordError", "AnalysisException", "ModuleNotFoundError"),
+        "a record cannot be processed (poison record)",
+        ("PoisonRecordError",),
         Failure.FATAL,
         False,
         "integration/jdbc/test_jdbc_jobs.py (poison row)",
@@ -143,6 +146,13 @@ KINDS: tuple[FailureKind, ...] = (
         Failure.RESTARTABLE,
         False,
         "kit: zombie driver",
+    ),
+    FailureKind(
+        "the query is wrong (Spark's analysis refused it, a module is missing)",
+        ("AnalysisException", "ModuleNotFoundError"),
+        Failure.FATAL,
+        False,
+        "tests/spark/test_jobs.py (user error fails without restart)",
     ),
 )
 

@@ -18,6 +18,15 @@ resuming it). Each driver run knows its own epoch. Two things keep a run that lo
 
 Together: the new owner sees every record the zombie made before the move, and the zombie
 acts on nothing after it.
+
+On an object store (``s3://``) nothing can be renamed atomically, so the state does not move:
+every epoch's directory is a name for one shared prefix, ``<job>/state``
+(:func:`state_location`). There the fence is the lease itself, swapped with conditional
+writes (one compare-and-swap per take-over: of two supervisors, exactly one wins), and every
+write of a run's snapshot store checks first that the lease still shows the run's epoch;
+records that must never be overwritten (commit decisions) are created with
+``If-None-Match``, so of a zombie and the new owner only the first writer's stands, and the
+protocol's checks (2.) stop the zombie before it acts on it.
 """
 
 from __future__ import annotations
@@ -26,11 +35,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from epochal.store import SnapshotStore, get_record, put_record
+from epochal import objectstore
+from epochal.store import LEASE_RECORD, Checkpoint, SnapshotStore, get_record, put_record
 from epochal_sdk import FencedError
 
-LEASE_RECORD = "lease.json"
-EPOCHS = "epochs"
+EPOCHS = objectstore.EPOCHS_SEGMENT
 """The directory under a job that holds the state of its live epoch (and nothing else for
 long: stale ones left by zombies are deleted at the next take-over)."""
 
@@ -64,8 +73,21 @@ def forget_run_record(run_dir: str, token: str) -> None:
 
 
 def state_dir(job_path: str, epoch: int) -> str:
-    """Where the state (checkpoint and store) of the run at lease ``epoch`` lives."""
+    """Where the state (checkpoint and store) of the run at lease ``epoch`` lives (its name:
+    on an object store, see :func:`state_location`)."""
     return f"{job_path}/{EPOCHS}/{epoch}"
+
+
+def state_location(directory: str) -> str:
+    """Where the state of an epoch's directory really is: the directory itself on a local
+    file system, the job's shared ``<job>/state`` prefix on an object store."""
+    return objectstore.shared_state_dir(directory)
+
+
+def checkpoint_location(directory: str) -> str:
+    """The ``checkpointLocation`` Spark gets for the state directory ``directory`` of a run:
+    ``<directory>/checkpoint`` locally, ``s3a://<bucket>/<job>/state/checkpoint`` on S3."""
+    return Checkpoint(f"{directory}/checkpoint").spark_location
 
 
 @dataclass(frozen=True)

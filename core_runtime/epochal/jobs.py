@@ -14,13 +14,24 @@ Layout of a job directory::
                         /epochs/<epoch>/store        the connectors' part of the snapshots
                         /drivers/<token>.json  what each driver run is (job, epoch, run)
                         /logs/, /faults/
+
+On an object store (``s3://``) the job record and the lease are swapped with conditional
+writes instead of being written under a lock file: the lease with a compare-and-swap on its
+version (whoever swaps first owns the job; the other re-reads and is refused, or waits), the
+record as a read-modify-write that is retried when another writer changed it meanwhile. The
+state stays at ``<job>/state/{checkpoint,store}`` (nothing is renamed; see
+:mod:`epochal.fence`), and what only concerns one machine, the driver logs and the drivers'
+run records, is kept on local disk (:func:`local_dir`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
 import os
+import random
+import re
 import shutil
 import socket
 import time
@@ -29,13 +40,27 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from epochal import processes
 from epochal.config import JobConfig
 from epochal.context import job_dir
-from epochal.fence import DRIVERS, EPOCHS, LEASE_RECORD, Fence, read_lease, state_dir
-from epochal.store import SnapshotStore, get_record, put_record
+from epochal.fence import (
+    DRIVERS,
+    EPOCHS,
+    LEASE_RECORD,
+    Fence,
+    read_lease,
+    state_dir,
+    state_location,
+)
+from epochal.objectstore import SHARED_STATE
+from epochal.store import (
+    RecordChangedError,
+    SnapshotStore,
+    get_record,
+    get_versioned_record,
+    put_record,
+    put_versioned_record,
+)
 from epochal_sdk import EpochalError, SnapshotError
 
 JOB_RECORD = "job.json"
@@ -45,6 +70,11 @@ PROGRESS_PREFIX = "epochal-progress "
 """Lines a driver prints to report a batch (and its heartbeat); the supervisor reads them."""
 KEEP_RUNS = 30
 """How many runs the job record keeps in its history."""
+LOCAL_DIR_ENV = "EPOCHAL_LOCAL_DIR"
+"""Where the driver logs and run records of jobs whose snapshot directory is not on a local
+file system go (default ``$XDG_STATE_HOME/epochal`` or ``~/.local/state/epochal``)."""
+SWAP_ATTEMPTS = 50
+"""How often a compare-and-swap of the lease or the job record is tried before giving up."""
 
 
 class JobStatus(enum.StrEnum):
@@ -148,11 +178,12 @@ class JobDirectory:
 
     # -- where things are -------------------------------------------------------------------
     def state_dir(self, epoch: int | None = None) -> str:
-        """The state directory of lease ``epoch`` (default: the live one)."""
+        """The state directory of lease ``epoch`` (default: the live one); on an object
+        store the job's one shared state prefix."""
         if epoch is None:
             lease = self.lease() or {}
             epoch = int(lease.get("state", lease.get("epoch", 0)))
-        return state_dir(self.path, epoch)
+        return state_location(state_dir(self.path, epoch))
 
     @property
     def checkpoint(self) -> str:
@@ -165,8 +196,15 @@ class JobDirectory:
         return SnapshotStore(f"{self.state_dir()}/store")
 
     @property
+    def local(self) -> bool:
+        """Whether the job's directory is on a local (POSIX) file system."""
+        return self.files.local
+
+    @property
     def logs(self) -> str:
-        """Where driver logs go."""
+        """Where driver logs go (on local disk: see :func:`local_dir`)."""
+        if not self.local:
+            return os.path.join(local_dir(self.snapshot_dir, self.name), "logs")
         return f"{self.path}/logs"
 
     def fence(self, epoch: int) -> Fence:
@@ -194,7 +232,14 @@ class JobDirectory:
     @contextlib.contextmanager
     def update(self, fence: Fence | None = None) -> Iterator[JobRecord]:
         """Read-modify-write the record under the job's lock; with ``fence``, only while
-        that run still holds the lease (a zombie's update raises ``FencedError``)."""
+        that run still holds the lease (a zombie's update raises ``FencedError``).
+
+        On an object store there is no lock: the record is written with a compare-and-swap,
+        and when another writer changed it meanwhile, the fields this update changed are
+        applied again to the record as it is now (and the fence checked again)."""
+        if self.files.conditional:
+            yield from self._swap_record(fence)
+            return
         with self._locked("record"):
             if fence is not None:
                 fence.check(f"job {self.name!r}: updating the job record")
@@ -202,10 +247,38 @@ class JobDirectory:
             yield record
             self.save(record)
 
+    def _swap_record(self, fence: Fence | None) -> Iterator[JobRecord]:
+        doing = f"job {self.name!r}: updating the job record"
+        if fence is not None:
+            fence.check(doing)
+        data, version = get_versioned_record(self.files, JOB_RECORD)
+        if data is None:
+            self.load()  # the clear "no such job" error
+        record = JobRecord.from_json(data)
+        before = record.to_json()
+        yield record
+        changes = {k: v for k, v in record.to_json().items() if before.get(k) != v}
+        for _ in range(SWAP_ATTEMPTS):
+            value = {**JobRecord.from_json(data).to_json(), **changes, "updated": time.time()}
+            try:
+                put_versioned_record(self.files, JOB_RECORD, value, version)
+                record.updated = value["updated"]
+                return
+            except RecordChangedError:
+                time.sleep(random.uniform(0.01, 0.05))
+            if fence is not None:
+                fence.check(doing)
+            data, version = get_versioned_record(self.files, JOB_RECORD)
+            if data is None:
+                raise JobError(f"job {self.name!r}: its record was deleted while updating it")
+        raise JobError(f"job {self.name!r}: the record kept changing; update not written")
+
     def delete_snapshots(self) -> None:
         """Delete the checkpoint and the snapshot store (cancel)."""
         for sub in (EPOCHS, "checkpoint", "store", "faults", DRIVERS):
             SnapshotStore(self.path).delete_tree(sub)
+        if not self.local:
+            SnapshotStore(self.path).delete_tree(SHARED_STATE)
 
     # -- lease ------------------------------------------------------------------------------
     def lease(self) -> dict[str, Any] | None:
@@ -228,34 +301,71 @@ class JobDirectory:
         that owner is known to be dead (same host, its process and its driver's processes
         gone) or ``force``. Returns the new epoch.
         """
+        if self.files.conditional:
+            return self._swap_lease(owner, ttl, force=force)
         with self._locked("lease"):
             current = self.lease()
             if current and current["owner"] != owner and not force:
                 wait = self.takeover_wait(current)
                 if wait > 0:
-                    age = time.time() - float(current["renewed"])
-                    raise LeaseHeldError(
-                        f"job {self.name!r} is run by another supervisor (pid {current['pid']} "
-                        f"on {current['host']}, lease epoch {current['epoch']}, renewed "
-                        f"{age:.0f}s ago). Wait for it to stop, or suspend it; if that "
-                        f"process is gone, the lease expires in {wait:.0f}s (or pass "
-                        "--force if you know it is dead).",
-                        wait,
-                    )
+                    raise self._held(current, wait)
             return self._new_epoch(owner, current, ttl, end_old_owner=True)
+
+    def _held(self, current: dict[str, Any], wait: float) -> LeaseHeldError:
+        age = time.time() - float(current["renewed"])
+        return LeaseHeldError(
+            f"job {self.name!r} is run by another supervisor (pid {current['pid']} "
+            f"on {current['host']}, lease epoch {current['epoch']}, renewed "
+            f"{age:.0f}s ago). Wait for it to stop, or suspend it; if that "
+            f"process is gone, the lease expires in {wait:.0f}s (or pass "
+            "--force if you know it is dead).",
+            wait,
+        )
+
+    def _swap_lease(
+        self, owner: str, ttl: float, *, force: bool = False, holding: int | None = None
+    ) -> int:
+        """A new epoch on an object store, in one compare-and-swap of the lease: taking the
+        job (``holding`` None) or the next epoch of the owner at ``holding``. Of two
+        supervisors that read the same lease, one swaps it; the other reads it again and is
+        refused (or, with ``force``, takes it from the winner)."""
+        for _ in range(SWAP_ATTEMPTS):
+            current, version = get_versioned_record(self.files, LEASE_RECORD)
+            if holding is not None:
+                self._check_holder(current, owner, holding)
+            elif current and current["owner"] != owner and not force:
+                wait = self.takeover_wait(current)
+                if wait > 0:
+                    raise self._held(current, wait)
+            if holding is None:
+                self._end_dead_owner(current)
+            epoch = int((current or {}).get("epoch", 0)) + 1
+            lease = _lease(owner, epoch, ttl, state=epoch)
+            try:
+                put_versioned_record(self.files, LEASE_RECORD, lease, version)
+                return epoch
+            except RecordChangedError:
+                time.sleep(random.uniform(0.01, 0.05))  # another writer was first: look again
+        raise JobError(f"job {self.name!r}: the lease kept changing; not taken")
+
+    def _check_holder(self, current: dict[str, Any] | None, owner: str, epoch: int) -> None:
+        if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+            raise LeaseLostError(
+                f"job {self.name!r}: the lease is no longer this supervisor's "
+                f"(epoch {current['epoch'] if current else '-'}, owner pid "
+                f"{current['pid'] if current else '-'})"
+            )
 
     def advance_epoch(self, owner: str, epoch: int, ttl: float = LEASE_TTL) -> int:
         """A new epoch for the next driver of the supervisor that holds the lease at
         ``epoch`` (a restart or a standby promotion): fences whatever the previous driver
         left running. Raises ``JobError`` if the lease was taken over meanwhile."""
+        if self.files.conditional:
+            return self._swap_lease(owner, ttl, holding=epoch)
         with self._locked("lease"):
             current = self.lease()
-            if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
-                raise LeaseLostError(
-                    f"job {self.name!r}: the lease is no longer this supervisor's "
-                    f"(epoch {current['epoch'] if current else '-'}, owner pid "
-                    f"{current['pid'] if current else '-'})"
-                )
+            self._check_holder(current, owner, epoch)
+            assert current is not None
             return self._new_epoch(owner, current, ttl, end_old_owner=False)
 
     def _new_epoch(
@@ -322,6 +432,8 @@ class JobDirectory:
     ) -> bool:
         """Renew our lease, naming the run tokens of our drivers (so a new owner on this host
         can end them if we die); False if it was taken over (we are fenced)."""
+        if self.files.conditional:
+            return self._swap_renewal(owner, epoch, ttl, tokens)
         with self._locked("lease"):
             current = self.lease()
             if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
@@ -332,8 +444,44 @@ class JobDirectory:
             )
             return True
 
+    def _swap_renewal(self, owner: str, epoch: int, ttl: float, tokens: list[str] | None) -> bool:
+        """A renewal on an object store. A store that cannot be reached is a ``JobError``
+        (not renewed this round; the next round tries again, and the driver stops itself
+        if the lease goes unrenewed for half its TTL)."""
+        try:
+            for _ in range(SWAP_ATTEMPTS):
+                current, version = get_versioned_record(self.files, LEASE_RECORD)
+                if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+                    return False
+                state = int(current.get("state", epoch))
+                lease = _lease(owner, epoch, ttl, state=state, tokens=tokens)
+                try:
+                    put_versioned_record(self.files, LEASE_RECORD, lease, version)
+                    return True
+                except RecordChangedError:
+                    continue  # changed meanwhile: ours still (look again) or taken over
+        except (OSError, SnapshotError) as exc:
+            raise JobError(f"job {self.name!r}: the lease could not be renewed: {exc}") from exc
+        except Exception as exc:  # the S3 client's own errors (botocore)
+            if type(exc).__module__.split(".")[0] not in ("botocore", "boto3", "urllib3"):
+                raise
+            raise JobError(f"job {self.name!r}: the lease could not be renewed: {exc}") from exc
+        raise JobError(f"job {self.name!r}: the lease kept changing; not renewed this time")
+
     def release_lease(self, owner: str) -> None:
         """Give the lease up (keeping its epoch, so fencing tokens keep growing)."""
+        if self.files.conditional:
+            for _ in range(SWAP_ATTEMPTS):
+                current, version = get_versioned_record(self.files, LEASE_RECORD)
+                if not current or current["owner"] != owner:
+                    return
+                released = {**current, "renewed": 0.0, "tokens": [], "released": time.time()}
+                try:
+                    put_versioned_record(self.files, LEASE_RECORD, released, version)
+                    return
+                except RecordChangedError:
+                    continue
+            return
         with self._locked("lease"):
             current = self.lease()
             if current and current["owner"] == owner:
@@ -344,7 +492,10 @@ class JobDirectory:
     # -- driver runs ------------------------------------------------------------------------
     @property
     def run_dir(self) -> str:
-        """Where the job's own drivers keep their run records."""
+        """Where the job's own drivers keep their run records (read on the driver's machine
+        only: on local disk when the snapshot directory is not, see :func:`local_dir`)."""
+        if not self.local:
+            return os.path.join(local_dir(self.snapshot_dir, self.name), DRIVERS)
         return f"{self.path}/{DRIVERS}"
 
     @contextlib.contextmanager
@@ -409,18 +560,28 @@ def new_owner() -> str:
     return uuid.uuid4().hex
 
 
+def local_dir(snapshot_dir: str, name: str) -> str:
+    """This machine's directory for job ``name`` of a snapshot directory that is not on a
+    local file system (an object store): driver logs and the drivers' run records.
+    ``$EPOCHAL_LOCAL_DIR``, else ``$XDG_STATE_HOME/epochal``, else ``~/.local/state/epochal``;
+    under it one directory per snapshot directory (a readable name and a digest)."""
+    base = os.environ.get(LOCAL_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "epochal"
+    )
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", snapshot_dir).strip("-")[:60]
+    digest = hashlib.sha256(snapshot_dir.encode()).hexdigest()[:8]
+    return os.path.join(base, f"{slug}-{digest}", name)
+
+
 def list_jobs(snapshot_dir: str) -> list[JobRecord]:
     """Every job found under ``snapshot_dir``."""
     store = SnapshotStore(snapshot_dir)
-    selector = pafs.FileSelector(store.base, allow_not_found=True)
     records = []
-    for info in store.fs.get_file_info(selector):
-        if info.type == pafs.FileType.Directory:
-            name = info.path.rsplit("/", 1)[-1]
-            try:
-                records.append(JobDirectory(snapshot_dir, name).load())
-            except (JobError, ValueError, SnapshotError):
-                continue
+    for name in store.list_dirs():
+        try:
+            records.append(JobDirectory(snapshot_dir, name).load())
+        except (JobError, ValueError, SnapshotError):
+            continue
     return sorted(records, key=lambda r: r.created)
 
 

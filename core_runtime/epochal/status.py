@@ -41,6 +41,7 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
         "failure": record.failure,
         "runs": [_run(entry) for entry in record.runs[-10:]],
         "updated_ago_s": round(now - record.updated, 1),
+        "metrics": _metrics(jobdir),
     }
     if lease:
         out["lease"] = {
@@ -61,6 +62,16 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
             f"{jobdir.snapshot_dir}`"
         )
     return out
+
+
+def _metrics(jobdir: JobDirectory) -> dict[str, Any]:
+    """The parts' metrics (see :mod:`epochal.metrics`); empty when there are none."""
+    try:
+        from epochal.metrics import summary
+
+        return summary(jobdir)
+    except Exception as exc:  # status must show even when metrics cannot be read
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _run(entry: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +117,7 @@ def render(status: dict[str, Any]) -> str:
         f"  last batch {progress.get('batch', '-')}, rows {progress.get('rows', 0)}"
         + (f"; failure: {status['failure']}" if status.get("failure") else "")
     )
+    lines += _render_parts(status.get("metrics") or {})
     if status["runs"]:
         lines.append("  runs:  run epoch kind      start->1st batch  recovery  outcome")
         for run in status["runs"]:
@@ -119,3 +131,44 @@ def render(status: dict[str, Any]) -> str:
 
 def _seconds(value: Any) -> str:
     return "-" if value is None else f"{float(value):.1f}s"
+
+
+def _render_parts(view: dict[str, Any]) -> list[str]:
+    """One line per part: guarantee, records and bytes, and the last batch's protocol
+    latencies and settlements."""
+    lines = []
+    for key, part in (view.get("parts") or {}).items():
+        totals = part.get("totals") or {}
+        flow = (
+            f"in {int(totals.get('records_in', 0))} rec/{_bytes(totals.get('bytes_in', 0))}"
+            if part.get("kind") == "source"
+            else f"out {int(totals.get('records_out', 0))} rec/{_bytes(totals.get('bytes_out', 0))}"
+        )
+        extra = [
+            f"{name.replace('_', ' ')} {int(totals[name])}"
+            for name in ("dedupe_dropped", "acked", "in_doubt", "rolled_back", "replays_skipped")
+            if totals.get(name)
+        ]
+        lines.append(
+            f"  {part.get('kind', '?')} {key.split('-', 1)[-1]} ({part.get('connector', '?')}, "
+            f"{part.get('guarantee') or '?'}): {flow}" + "".join(f", {e}" for e in extra)
+        )
+        last = part.get("last_batch") or {}
+        values = last.get("values") or {}
+        phases = [
+            f"{phase} {1000 * values[f'{phase}_seconds'] / values[f'{phase}_seconds_count']:.0f}ms"
+            for phase in ("plan", "read", "store", "ack", "write", "decide", "commit", "recover")
+            if values.get(f"{phase}_seconds_count")
+        ]
+        if phases:
+            lines.append(f"      last batch {last.get('batch')}: " + ", ".join(phases))
+    return lines
+
+
+def _bytes(value: Any) -> str:
+    amount = float(value or 0)
+    for unit in ("B", "KB", "MB", "GB"):
+        if amount < 1024 or unit == "GB":
+            return f"{amount:.0f}{unit}" if unit == "B" else f"{amount:.1f}{unit}"
+        amount /= 1024
+    return f"{amount:.1f}GB"

@@ -10,7 +10,17 @@ written with ``exclusive=True``: the first writer wins, a second one gets
 A store may be *anchored* to the directory of the run's state (the job's live epoch): when
 another driver takes the job over, that directory is moved, and every later read or write
 through the old path fails with :class:`StateMovedError` instead of landing somewhere that
-nobody reads. Paths go through ``pyarrow.fs`` when they are not local.
+nobody reads.
+
+Paths go through ``pyarrow.fs`` when they are not local, except ``s3://`` (and ``s3a://``),
+which go through :mod:`epochal.objectstore`: S3's conditional writes make ``exclusive`` an
+atomic create-if-absent there (``If-None-Match``), and records can be swapped with a
+compare-and-swap (:func:`get_versioned_record`, :func:`put_versioned_record`). An object store
+cannot move a directory, so there every epoch's state lives at one shared prefix
+(:func:`~epochal.objectstore.shared_state_dir`) and an anchored store is fenced by the lease:
+each write and delete first checks that the job's lease still shows the anchor's epoch.
+Other ``pyarrow.fs`` file systems (HDFS, GCS, …) have no conditional writes here: an
+exclusive write is a check, then a write.
 """
 
 from __future__ import annotations
@@ -26,12 +36,15 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from epochal import objectstore
 from epochal_sdk import FencedError, SnapshotError
 
 MAGIC = b"EPS1 "
 """The first bytes of every entry file (format version 1)."""
 
 _TMP = ".tmp-"
+LEASE_RECORD = "lease.json"
+"""The job's lease, in the job's directory (see :mod:`epochal.fence`)."""
 
 
 class EntryExistsError(FileExistsError):
@@ -57,13 +70,22 @@ class SnapshotStore:
     """Entries (self-checking files) under one root directory.
 
     Args:
-        root: a local path or a ``pyarrow.fs`` URI.
+        root: a local path, an ``s3://`` URI or another ``pyarrow.fs`` URI.
         anchor: a directory that must exist for any read or write (the run's state
-            directory); when it is gone the store raises :class:`StateMovedError`.
+            directory); when it is gone the store raises :class:`StateMovedError`. On an
+            object store the anchor is an epoch's directory ``<job>/epochs/<n>``: the store
+            then lives at the job's shared state prefix, and every write and delete first
+            checks that the job's lease still shows epoch ``n``.
     """
 
     def __init__(self, root: str, *, anchor: str | None = None) -> None:
         self.root = root.rstrip("/")
+        self.objects: objectstore.ObjectStore | None = None
+        self._lease_key: str | None = None
+        self._anchor_epoch = 0
+        if objectstore.is_object_store(root):
+            self._init_object_store(anchor)
+            return
         if "://" in root:
             self.fs, self.base = pafs.FileSystem.from_uri(root)
         else:
@@ -71,15 +93,48 @@ class SnapshotStore:
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.anchor = (os.path.abspath(anchor) if self.local else anchor) if anchor else None
 
+    def _init_object_store(self, anchor: str | None) -> None:
+        """An ``s3://`` root. Anchored to an epoch's directory ``<job>/epochs/<n>``, the
+        store lives at the job's shared state prefix and checks the lease's epoch."""
+        root = self.root
+        self.anchor = anchor.rstrip("/") if anchor else None
+        if self.anchor:
+            leased = objectstore.epoch_of(self.anchor)
+            if leased is not None and (root == self.anchor or root.startswith(self.anchor + "/")):
+                job, self._anchor_epoch = leased
+                root = objectstore.shared_state_dir(self.anchor) + root[len(self.anchor) :]
+                self._lease_key = objectstore.split_uri(f"{job}/{LEASE_RECORD}")[1]
+        bucket, prefix = objectstore.split_uri(root)
+        self.objects = objectstore.ObjectStore(bucket)
+        self.fs = None
+        self.local = False
+        self.base = f"{bucket}/{prefix}".rstrip("/")
+
     def __repr__(self) -> str:
         return f"SnapshotStore({self.root!r})"
+
+    @property
+    def conditional(self) -> bool:
+        """Whether records can be swapped with a compare-and-swap (an object store)."""
+        return self.objects is not None
 
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
+    def _key(self, path: str) -> str:
+        """The object key of a path (``<bucket>/<key>``) of this store."""
+        assert self.objects is not None
+        return path[len(self.objects.bucket) + 1 :]
+
     def check_anchor(self) -> None:
-        """Raise :class:`StateMovedError` if the run's state directory is gone."""
-        if self.anchor is None or not self.local:
+        """Raise :class:`StateMovedError` if the run's state directory is gone (on an object
+        store: the job's lease no longer shows the anchor's epoch)."""
+        if self.anchor is None:
+            return
+        if self.objects is not None:
+            self._check_lease()
+            return
+        if not self.local:
             return
         if not os.path.isdir(self.anchor):
             raise StateMovedError(
@@ -87,9 +142,30 @@ class SnapshotStore:
                 "over (this run is fenced) or the job was cancelled; not reading or writing"
             )
 
+    def _check_lease(self) -> None:
+        if self._lease_key is None or self.objects is None:
+            return
+        try:
+            lease = _decode_record(self.objects.get(self._lease_key).data, LEASE_RECORD, self.root)
+        except FileNotFoundError:
+            lease = None
+        state = int(lease.get("state", lease.get("epoch", 0))) if lease else None
+        if state != self._anchor_epoch:
+            raise StateMovedError(
+                f"the state of lease epoch {self._anchor_epoch} ({self.anchor}) is no longer "
+                f"the job's: its lease is at epoch {state}. Another driver took this job over "
+                "(this run is fenced) or the job was cancelled; not writing"
+            )
+
     # -- raw files -------------------------------------------------------------------------
     def _write_raw(self, path: str, data: bytes, *, exclusive: bool = False) -> None:
         self.check_anchor()
+        if self.objects is not None:  # one PUT is atomic; If-None-Match makes it exclusive
+            try:
+                self.objects.put(self._key(path), data, create_only=exclusive)
+            except objectstore.PreconditionFailedError:
+                raise EntryExistsError(path) from None
+            return
         parent = path.rsplit("/", 1)[0]
         if self.local:
             os.makedirs(parent, exist_ok=True)
@@ -122,11 +198,15 @@ class SnapshotStore:
         self.fs.move(tmp, path)
 
     def _read_raw(self, path: str) -> bytes:
+        if self.objects is not None:  # a fenced run reads, but cannot write (see the doc)
+            return self.objects.get(self._key(path)).data
         self.check_anchor()
         with self.fs.open_input_stream(path) as src:
             return src.read()
 
     def _exists(self, path: str) -> bool:
+        if self.objects is not None:
+            return self.objects.exists(self._key(path))
         if self.local:
             return os.path.exists(path)
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
@@ -169,7 +249,8 @@ class SnapshotStore:
 
     def exists(self, key: str) -> bool:
         """Whether the entry exists."""
-        self.check_anchor()
+        if self.objects is None:
+            self.check_anchor()
         return self._exists(self._path(key))
 
     def read(self, key: str) -> bytes:
@@ -199,8 +280,11 @@ class SnapshotStore:
 
     def list(self, prefix: str) -> list[str]:
         """Keys of the existing entries directly under ``prefix`` (sorted)."""
-        self.check_anchor()
         path = self._path(prefix)
+        if self.objects is not None:
+            names, _ = self.objects.children(self._key(path))
+            return sorted(f"{prefix}/{n}" for n in names if _TMP not in n)
+        self.check_anchor()
         if self.local:
             try:
                 names = os.listdir(path)
@@ -217,31 +301,107 @@ class SnapshotStore:
             if item.type == pafs.FileType.File and _TMP not in item.path
         )
 
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Names of the directories directly under ``prefix`` (sorted)."""
+        path = self._path(prefix)
+        if self.objects is not None:
+            return sorted(self.objects.children(self._key(path))[1])
+        selector = pafs.FileSelector(path, allow_not_found=True)
+        return sorted(
+            info.path.rsplit("/", 1)[-1]
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+        )
+
     def delete(self, key: str) -> None:
-        """Delete an entry (gone is fine)."""
+        """Delete an entry (gone is fine). On an object store an anchored (fenced) store
+        refuses to: the state there is shared with the run that took the job over."""
+        if self.objects is not None:
+            self.check_anchor()
+            self.objects.delete(self._key(self._path(key)))
+            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(self._path(key))
 
     def delete_tree(self, prefix: str = "") -> None:
         """Delete everything under ``prefix`` (the whole store when empty)."""
         path = self._path(prefix)
+        if self.objects is not None:
+            self.check_anchor()
+            self.objects.delete_tree(self._key(path))
+            return
         if self._exists(path):
             self.fs.delete_dir(path)
 
+    def _files(self, prefix: str) -> list[str]:
+        """Paths of every file under ``prefix`` (recursively)."""
+        path = self._path(prefix)
+        if self.objects is not None:
+            return [f"{self.objects.bucket}/{k}" for k in self.objects.walk(self._key(path))]
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        return [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
     def verify(self, prefix: str = "") -> tuple[int, list[str]]:
         """Check every entry under ``prefix``; return (entries checked, problems found)."""
-        selector = pafs.FileSelector(self._path(prefix), recursive=True, allow_not_found=True)
         checked, problems = 0, []
-        for item in self.fs.get_file_info(selector):
-            if item.type != pafs.FileType.File or _TMP in item.path:
+        for path in self._files(prefix):
+            if _TMP in path:
                 continue
-            key = item.path[len(self.base) + 1 :]
+            key = path[len(self.base) + 1 :]
             checked += 1
             try:
                 self.read(key)
             except SnapshotError as exc:
                 problems.append(str(exc))
         return checked, problems
+
+
+class Checkpoint:
+    """Spark's checkpoint beside a run's snapshot store (``<state>/checkpoint``), as epochal
+    reads it: the files of its offset and commit logs. Never written by epochal.
+
+    Args:
+        location: the checkpoint directory, local or a URI; an epoch's alias on an object
+            store (``<job>/epochs/<n>/checkpoint``) means the job's shared state prefix.
+    """
+
+    def __init__(self, location: str) -> None:
+        location = location.rstrip("/")
+        parent, _, name = location.rpartition("/")
+        self.location = f"{objectstore.shared_state_dir(parent)}/{name}" if parent else location
+        self.files = SnapshotStore(self.location)
+
+    @property
+    def spark_location(self) -> str:
+        """The URI Spark writes the checkpoint at (``s3a://`` on S3)."""
+        return objectstore.spark_uri(self.location)
+
+    def read(self, relative: str) -> bytes | None:
+        """A file of the checkpoint (e.g. ``offsets/3``), or None when it is missing."""
+        try:
+            return self.files._read_raw(self.files._path(relative))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def exists(self, relative: str) -> bool:
+        """Whether the file exists."""
+        return self.files._exists(self.files._path(relative))
+
+    def batches(self, log: str) -> list[int]:
+        """The batch ids with an entry in log ``log`` (``offsets``, ``commits``), sorted."""
+        return sorted(int(name) for name in self._names(log) if name.isdigit())
+
+    def _names(self, log: str) -> list[str]:
+        path = self.files._path(log)
+        if self.files.objects is not None:
+            return self.files.objects.children(self.files._key(path))[0]
+        if self.files.local:
+            try:
+                return os.listdir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        selector = pafs.FileSelector(path, allow_not_found=True)
+        return [i.base_name for i in self.files.fs.get_file_info(selector)]
 
 
 def _mismatch(manifest: Manifest, data: bytes) -> str:
@@ -253,12 +413,27 @@ def _mismatch(manifest: Manifest, data: bytes) -> str:
     return ""
 
 
+def _encode_record(value: Any) -> bytes:
+    body = json.dumps(value, sort_keys=True)
+    envelope = {"sha256": hashlib.sha256(body.encode()).hexdigest(), "body": body}
+    return json.dumps(envelope).encode()
+
+
+def _decode_record(raw: bytes, key: str, where: str) -> Any:
+    try:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if hashlib.sha256(body.encode()).hexdigest() != envelope["sha256"]:
+            raise ValueError("checksum mismatch")
+        return json.loads(body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SnapshotError(f"record {key!r} in {where} is corrupt ({exc})") from exc
+
+
 def put_record(store: SnapshotStore, key: str, value: Any) -> None:
     """Replace a mutable record (job record, lease) in one atomic file that carries its own
     checksum, so a torn write is detected rather than half-read."""
-    body = json.dumps(value, sort_keys=True)
-    envelope = {"sha256": hashlib.sha256(body.encode()).hexdigest(), "body": body}
-    store._write_raw(store._path(key), json.dumps(envelope).encode())
+    store._write_raw(store._path(key), _encode_record(value))
 
 
 def get_record(store: SnapshotStore, key: str) -> Any | None:
@@ -267,11 +442,38 @@ def get_record(store: SnapshotStore, key: str) -> Any | None:
         raw = store._read_raw(store._path(key))
     except FileNotFoundError:
         return None
+    return _decode_record(raw, key, store.root)
+
+
+class RecordChangedError(Exception):
+    """A compare-and-swap of a record lost: another writer changed (or created) it since it
+    was read. Read it again and decide again."""
+
+
+def get_versioned_record(store: SnapshotStore, key: str) -> tuple[Any | None, str | None]:
+    """A record and its version (for :func:`put_versioned_record`); ``(None, None)`` when
+    there is none. Object stores only (:attr:`SnapshotStore.conditional`)."""
+    assert store.objects is not None, "versioned records need an object store"
     try:
-        envelope = json.loads(raw)
-        body = envelope["body"]
-        if hashlib.sha256(body.encode()).hexdigest() != envelope["sha256"]:
-            raise ValueError("checksum mismatch")
-        return json.loads(body)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SnapshotError(f"record {key!r} in {store.root} is corrupt ({exc})") from exc
+        found = store.objects.get(store._key(store._path(key)))
+    except FileNotFoundError:
+        return None, None
+    return _decode_record(found.data, key, store.root), found.etag
+
+
+def put_versioned_record(store: SnapshotStore, key: str, value: Any, version: str | None) -> str:
+    """Write a record only if it is still at ``version`` (``None``: only if there is none
+    yet): a compare-and-swap. Returns the new version; raises :class:`RecordChangedError`
+    when another writer was first. ``value`` must differ from every earlier value (carry a
+    time stamp or a counter): versions are content digests."""
+    assert store.objects is not None, "versioned records need an object store"
+    store.check_anchor()
+    try:
+        return store.objects.put(
+            store._key(store._path(key)),
+            _encode_record(value),
+            create_only=version is None,
+            if_match=version,
+        )
+    except objectstore.PreconditionFailedError as exc:
+        raise RecordChangedError(f"record {key!r} in {store.root} changed meanwhile") from exc

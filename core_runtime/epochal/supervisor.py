@@ -30,7 +30,7 @@ from typing import Any
 from epochal import processes
 from epochal.config import JobConfig
 from epochal.driver import SessionProfile
-from epochal.drivers import DriverPool, DriverProcess, RunOutcome
+from epochal.drivers import DriverPool, DriverProcess, RunOutcome, default_pool
 from epochal.failures import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
 from epochal.jobs import (
     JobDirectory,
@@ -110,6 +110,10 @@ class Supervisor:
             giving up (None: its time-to-live and a little more).
         pool: warm drivers to take a driver from instead of starting one cold (tests and
             hosts that run many jobs of the same profile).
+        metrics_port: serve the job's metrics (Prometheus text) at
+            ``http://<metrics_host>:<port>/metrics`` while supervising (0: a free port;
+            None: no endpoint). See :mod:`epochal.metrics`.
+        metrics_host: the address the metrics endpoint listens on.
     """
 
     def __init__(
@@ -121,9 +125,13 @@ class Supervisor:
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         wait_for_lease: float | None = None,
         pool: DriverPool | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.jobdir = jobdir
-        self.pool = pool
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self.metrics_url: str | None = None
+        self.pool = pool if pool is not None else default_pool()
         self.report = report
         self.force = force
         self.owner = new_owner()
@@ -152,17 +160,33 @@ class Supervisor:
             current.supervisor = {"pid": os.getpid(), "host": socket.gethostname()}
         renewal = threading.Thread(target=self._renew, name="epochal-lease", daemon=True)
         renewal.start()
+        endpoint = self._serve_metrics()
         try:
             return self._loop()
         except (LeaseLostError, FencedError):
             return self._lost()
         finally:
+            if endpoint is not None:
+                endpoint.shutdown()
+                endpoint.server_close()
             self._stop_renewal.set()
             for driver in (self.active, self.standby):
                 if driver is not None:
                     driver.kill()
             if not self.lost.is_set():
                 self.jobdir.release_lease(self.owner)
+
+    def _serve_metrics(self) -> Any:
+        """Start the metrics endpoint, if asked for (``metrics_port``)."""
+        if self.metrics_port is None:
+            return None
+        from epochal.metrics import serve
+
+        server = serve(self.jobdir, self.metrics_port, self.metrics_host)
+        host, port = server.server_address[:2]
+        self.metrics_url = f"http://{host}:{port}/metrics"
+        self.report(f"[{self.jobdir.name}] metrics (Prometheus text): {self.metrics_url}")
+        return server
 
     def _acquire(self) -> int:
         deadline = None

@@ -3,15 +3,17 @@
 A job restarts only if every snapshot entry matches its manifest (size, checksum), the Spark
 checkpoint still holds the batches the job record says were committed, and Spark's offset and
 commit log entries of the last recorded batches match the checksums taken when they were
-written. Anything else refuses the restart with the list of problems.
+written. Anything else refuses the restart with the list of problems. The checkpoint is read
+where it is: on local disk, on an object store (``s3://``, read through the same client as
+the snapshot store), or through ``pyarrow.fs``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 
 from epochal.jobs import JobDirectory
+from epochal.store import Checkpoint
 from epochal_sdk import SnapshotError
 
 
@@ -26,19 +28,19 @@ def verify_job(jobdir: JobDirectory) -> list[str]:
         problems.append(str(exc))
     record = jobdir.load()
     batch = record.progress.get("batch")
-    if batch is not None and jobdir.files.local:
-        commits = f"{jobdir.checkpoint}/commits"
-        if not os.path.isdir(commits) or not os.listdir(commits):
+    if batch is not None:
+        checkpoint = Checkpoint(jobdir.checkpoint)
+        if not checkpoint.batches("commits"):
             problems.append(
                 f"Spark's checkpoint {jobdir.checkpoint} has no commit log, but the job had "
                 f"committed batch {batch}: the checkpoint was lost or moved"
             )
         else:
-            problems += _check_checkpoint_logs(jobdir)
+            problems += _check_checkpoint_logs(jobdir, checkpoint)
     return problems
 
 
-def _check_checkpoint_logs(jobdir: JobDirectory) -> list[str]:
+def _check_checkpoint_logs(jobdir: JobDirectory, checkpoint: Checkpoint) -> list[str]:
     problems = []
     keys = jobdir.store.list("checkpoint")[-2:]
     for key in keys:
@@ -49,13 +51,10 @@ def _check_checkpoint_logs(jobdir: JobDirectory) -> list[str]:
             problems.append(str(exc))
             continue
         for log_name, digest in expected.items():
-            path = f"{jobdir.checkpoint}/{log_name}/{batch}"
-            try:
-                with open(path, "rb") as fh:
-                    actual = hashlib.sha256(fh.read()).hexdigest()
-            except FileNotFoundError:
+            data = checkpoint.read(f"{log_name}/{batch}")
+            if data is None:
                 problems.append(f"Spark's {log_name} log entry for batch {batch} is missing")
                 continue
-            if actual != digest:
+            if hashlib.sha256(data).hexdigest() != digest:
                 problems.append(f"Spark's {log_name} log entry for batch {batch} is corrupt")
     return problems

@@ -1,7 +1,11 @@
-"""What the benchmark commands share."""
+"""What the benchmark commands share: the result type, the available-now runner, and the
+statistics and plot of repeated, interleaved rounds."""
 
 from __future__ import annotations
 
+import random
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,3 +51,132 @@ def run_available_now(reader: Any, fmt: str, options: dict[str, str], checkpoint
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linear between order statistics."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def rotated(items: Sequence[Any], turn: int) -> list[Any]:
+    """``items`` starting at ``turn`` (modulo its length): each round of an interleaved
+    benchmark runs the variants in another order, so that no variant always runs first,
+    last or after the same neighbour."""
+    shift = turn % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure measured once per round: the median over the rounds, the interquartile range
+    of the rounds, and a bootstrap confidence interval of the median."""
+
+    median: float
+    q1: float
+    q3: float
+    low: float
+    high: float
+    rounds: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.median:.3f} (IQR {self.q1:.3f}-{self.q3:.3f}, "
+            f"95% CI {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
+        )
+
+
+def spread(
+    values: Sequence[float],
+    *,
+    statistic: Callable[[Sequence[float]], float] = statistics.median,
+    resamples: int = 4000,
+    confidence: float = 0.95,
+    seed: int = 20261122,
+) -> Spread:
+    """The :class:`Spread` of per-round ``values``: the percentile bootstrap (resampling whole
+    rounds with replacement, a fixed seed) gives the interval of ``statistic``."""
+    if not values:
+        return Spread(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    generator = random.Random(seed)
+    draws = sorted(statistic([generator.choice(values) for _ in values]) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return Spread(
+        statistic(values),
+        quantile(values, 0.25),
+        quantile(values, 0.75),
+        quantile(draws, tail),
+        quantile(draws, 1 - tail),
+        len(values),
+    )
+
+
+def write_plot(
+    path: str,
+    title: str,
+    rates: dict[str, list[float]],
+    latencies: dict[str, list[float]],
+    *,
+    ratios: dict[str, list[float]] | None = None,
+    targets: dict[str, float] | None = None,
+    rate_label: str = "records/s per round",
+) -> str | None:
+    """A PNG: each variant's per-round throughput (box and points), its per-batch latency
+    (box and points) and, if given, ratios per round (one line each, with their targets as
+    dashed lines). Needs matplotlib (``pip install matplotlib``); without it nothing is
+    written and the reason is returned."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    names = [n for n in rates if rates[n]]
+    panels = 3 if ratios else 2
+    figure, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.8))
+    jitter = random.Random(1)
+    for axis, data, label in (
+        (axes[0], rates, rate_label),
+        (axes[1], latencies, "ms per batch"),
+    ):
+        series = [data.get(n, []) for n in names]
+        axis.boxplot(series, showfliers=False, widths=0.5)
+        for index, values in enumerate(series, start=1):
+            xs = [index + jitter.uniform(-0.15, 0.15) for _ in values]
+            axis.scatter(xs, values, s=9, alpha=0.55, zorder=3)
+        axis.set_xticks(range(1, len(names) + 1), names, rotation=15, ha="right")
+        axis.set_ylabel(label)
+        axis.set_ylim(bottom=0)
+        axis.grid(axis="y", alpha=0.3)
+    axes[0].set_title("throughput (one point per round)")
+    axes[1].set_title("latency (one point per measured batch)")
+    if ratios:
+        axis = axes[2]
+        for index, (label, values) in enumerate(ratios.items()):
+            color = f"C{index}"
+            median = statistics.median(values) if values else 0.0
+            axis.plot(
+                range(1, len(values) + 1),
+                values,
+                marker="o",
+                color=color,
+                label=f"{label}: median {median:.2f}",
+            )
+            if targets and label in targets:
+                axis.axhline(targets[label], color=color, linestyle="--", linewidth=1)
+        axis.set_xlabel("round")
+        axis.set_ylabel("ratio of throughputs (dashed: target)")
+        axis.set_title("ratios per round")
+        axis.legend(fontsize=7, loc="lower left")
+        axis.grid(alpha=0.3)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return None

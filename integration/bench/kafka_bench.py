@@ -1,24 +1,44 @@
-"""Kafka throughput benchmark: one topic, one copy pipeline (Kafka → Kafka), four ways.
+"""Kafka throughput benchmark: one topic, one copy pipeline (Kafka → Kafka), four ways,
+measured in interleaved rounds.
 
-    python -m integration.bench.kafka_bench [--records 500000] [--batch 100000]
+    python -m integration.bench.kafka_bench [--rounds 16] [--batches 10] [--batch 100000]
+        [--plot kafka-bench.png] [--json results.json] [--no-builtin]
 
 * ``epochal exactly-once``: ``epochal.kafka`` source + sink, ``mode=transactional``;
 * ``epochal at-least-once``: the same with ``mode=idempotent`` and an at-least-once job;
 * ``spark built-in``: Spark's JVM Kafka connector (``spark-sql-kafka-0-10_2.13``, fetched with
   Maven from Maven Central into the harness cache and passed with ``spark.jars``);
-* ``confluent-kafka loop``: a plain consume → produce loop in one Python process (the
-  client's ceiling).
+* ``confluent-kafka loop``: a plain consume → produce loop in one Python process.
 
-Every Spark variant runs in the same SparkSession (``local[2]``), ``Trigger.AvailableNow``
-with the same per-batch read limit; records/s counts the records of the batches over their
-summed durations (query start-up excluded), and per-batch latency is the trigger execution
-time Spark reports. Prints a table with the ratios. The broker comes from the harness (or
-``EPOCHAL_KAFKA_BOOTSTRAP``).
+Each round runs every variant once, in a rotated order, over the same input topic
+(``batches`` times ``batch`` records): a fresh query (new checkpoint, new epochal job, new
+output topic) with ``Trigger.AvailableNow`` and the read limit ``batch``. Per-batch latency is
+the ``triggerExecution`` time Spark reports (for the loop: ``batch`` records consumed,
+produced and flushed). The first batch of a query (it pays the query's start) and the last
+(an ``AvailableNow`` query's last batch takes ~0.4 s longer in every variant) are not
+measured. A variant's figure in a round is its *throughput* = records per measured batch /
+the median latency of its measured batches; the median makes one batch slowed by something
+else on the machine (a GC, another process) count for one batch, not for the round. The
+mean-based figure (records / summed latencies) is printed too.
+
+Ratios (exactly-once / at-least-once, at-least-once / built-in, ...) are taken within each
+round, so a slow moment of the machine hits both sides, and are reported as the median over
+the rounds with the interquartile range and a bootstrap 95% interval of that median. Every
+output topic is read back by an independent ``read_committed`` reader and must hold every
+record exactly once (counted; a mismatch is printed). For exactly-once, the table also says
+how many tasks found a producer their Python worker had kept (the others made a new one).
+
+The Spark variants share one SparkSession (``local[2]``); a warm-up round (not measured)
+runs first. The broker comes from the harness (or ``EPOCHAL_KAFKA_BOOTSTRAP``). The plot
+(throughput per round, per-batch latency, the ratios per round) needs matplotlib:
+``pip install matplotlib`` (not a dependency of the test suite: the benchmark is not run by
+CI); without it the table is still printed. The defaults take about 15 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -28,12 +48,40 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from integration.bench.common import Result, run_available_now
+from integration.bench.common import (
+    Result,
+    quantile,
+    rotated,
+    run_available_now,
+    spread,
+    write_plot,
+)
+
+EXACTLY_ONCE = "epochal exactly-once"
+AT_LEAST_ONCE = "epochal at-least-once"
+BUILTIN = "spark built-in"
+LOOP = "confluent-kafka loop"
+VARIANTS = (EXACTLY_ONCE, AT_LEAST_ONCE, BUILTIN, LOOP)
+RATIOS = (
+    (EXACTLY_ONCE, AT_LEAST_ONCE),
+    (AT_LEAST_ONCE, BUILTIN),
+    (EXACTLY_ONCE, BUILTIN),
+    (AT_LEAST_ONCE, LOOP),
+)
+"""(numerator, denominator) of the ratios printed; the first two have targets."""
+TARGETS = {
+    f"{EXACTLY_ONCE} / {AT_LEAST_ONCE}": 0.95,
+    f"{AT_LEAST_ONCE} / {BUILTIN}": 1.0,
+}
+"""The targets of issue 12, drawn in the plot."""
 
 SPARK_KAFKA_VERSION = "4.2.0"
 """spark-sql-kafka-0-10_2.13 4.3.0 (matching pyspark 4.3.0) is not on Maven Central; 4.2.0 is
@@ -125,6 +173,45 @@ def count_output(bootstrap: str, topic: str) -> int:
     return len(read_to_end(bootstrap, topic, timeout=120))
 
 
+@dataclass
+class Run:
+    """One variant in one round."""
+
+    variant: str
+    round: int
+    batch_ms: list[float]
+    batch_rows: list[int]
+    phases: dict[str, float] = field(default_factory=dict)
+    output: int = -1
+    """Records a read_committed reader found in the output topic (-1: not counted)."""
+    kept: tuple[int, int] = (0, 0)
+    """Exactly-once: (tasks that used their worker's kept producer, tasks that wrote), from
+    the prepared transactions in the runtime's commit decisions (all batches but the first)."""
+
+    def _measured(self) -> slice:
+        """The measured batches: all but the first and the last (when there are three+)."""
+        return slice(1, -1) if len(self.batch_ms) >= 3 else slice(0, None)
+
+    @property
+    def measured_ms(self) -> list[float]:
+        """Per-batch latencies of the measured batches."""
+        return self.batch_ms[self._measured()]
+
+    @property
+    def steady(self) -> float:
+        """Throughput: records per measured batch / their median latency (records/s)."""
+        rows, ms = self.batch_rows[self._measured()], self.measured_ms
+        if not ms:
+            return 0.0
+        return statistics.mean(rows) / (statistics.median(ms) / 1000)
+
+    @property
+    def mean_rate(self) -> float:
+        """Records of the measured batches / their summed latencies (records/s)."""
+        rows, ms = self.batch_rows[self._measured()], self.measured_ms
+        return sum(rows) / (sum(ms) / 1000) if sum(ms) else 0.0
+
+
 def plain_loop(bootstrap: str, source: str, sink: str, records: int, batch: int) -> Result:
     """confluent-kafka consume → produce in one Python process; a "batch" is ``batch``
     records followed by a flush."""
@@ -138,9 +225,15 @@ def plain_loop(bootstrap: str, source: str, sink: str, records: int, batch: int)
     )
     consumer.assign([TopicPartition(source, p, 0) for p in range(PARTITIONS)])
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            # room for a whole batch: a full local queue would make the loop sleep in poll()
+            "queue.buffering.max.messages": 2 * batch + 10_000,
+        }
     )
-    done, latencies = 0, []
+    done, latencies, rows = 0, [], []
     started = time.perf_counter()
     batch_start = started
     in_batch = 0
@@ -163,10 +256,11 @@ def plain_loop(bootstrap: str, source: str, sink: str, records: int, batch: int)
             producer.flush(120)
             now = time.perf_counter()
             latencies.append((now - batch_start) * 1000)
+            rows.append(in_batch)
             batch_start, in_batch = now, 0
     elapsed = time.perf_counter() - started
     consumer.close()
-    return Result("confluent-kafka loop", done, elapsed, latencies)
+    return Result(LOOP, done, elapsed, latencies, batch_rows=rows)
 
 
 def run_query(
@@ -174,177 +268,287 @@ def run_query(
 ) -> Result:
     """Run one availableNow query; figures from its progress reports."""
     progress = run_available_now(reader, writer_format, writer_options, checkpoint)
-    rows = sum(p["numInputRows"] for p in progress)
+    rows = [int(p["numInputRows"]) for p in progress]
     batch_ms = [float(p["durationMs"]["triggerExecution"]) for p in progress]
     names = sorted({k for p in progress for k in p["durationMs"]} - {"triggerExecution"})
-    phases = {k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in progress) for k in names}
-    return Result(name, rows, sum(batch_ms) / 1000, batch_ms, phases=phases)
+    measured = progress[1:-1] if len(progress) >= 3 else progress  # as Run.measured_ms
+    phases = {k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in measured) for k in names}
+    return Result(name, sum(rows), sum(batch_ms) / 1000, batch_ms, batch_rows=rows, phases=phases)
 
 
-def warm_up(spark: Any, bootstrap: str, new_topic: Any, workdir: str, builtin: bool) -> None:
-    """A small query per format first (not measured): Python workers, Arrow, the Kafka
-    classes and the first connections are then ready for every measured variant alike."""
-    small = new_topic()
-    produce_input(bootstrap, small, 2_000)
-    formats = [
-        (
-            "epochal.kafka",
-            {
-                "mode": "idempotent",
-                "epochal.guarantee": "at-least-once",
-                "epochal.snapshotDir": f"{workdir}/snap",
-            },
+class Bench:
+    """The variants on one broker and one SparkSession."""
+
+    def __init__(
+        self, server: Any, source: str, records: int, batch: int, workdir: str, jars: list[str]
+    ) -> None:
+        self.server, self.source, self.records, self.batch = server, source, records, batch
+        self.bootstrap = server.bootstrap_servers
+        self.workdir = workdir
+        self.jars = jars
+        self.spark: Any = None
+        self.topics: list[str] = []
+        # The bench's own quiet client for its topics (librdkafka logs a notice for every
+        # deleted topic a client had seen).
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+
+    def new_topic(self) -> str:
+        """A fresh 2-partition topic (deleted at the end)."""
+        name = f"bench-{uuid.uuid4().hex[:10]}"
+        self.admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(60)
+        deadline = time.monotonic() + 60
+        while True:
+            topic = self.admin.list_topics(name, timeout=10).topics.get(name)
+            partitions = topic.partitions if topic is not None and topic.error is None else {}
+            if len(partitions) == PARTITIONS and all(p.leader >= 0 for p in partitions.values()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {name} has no partition leaders after 60s")
+            time.sleep(0.05)
+        self.topics.append(name)
+        return name
+
+    def drop_topic(self, name: str) -> None:
+        """Delete a topic now (keeps the broker's disk and caches small between rounds)."""
+        self.admin.delete_topics([name])[name].result(60)
+        if name in self.topics:
+            self.topics.remove(name)
+
+    def start_spark(self) -> None:
+        """One SparkSession for every Spark variant."""
+        from pyspark.sql import SparkSession
+
+        from epochal.spark.datasource import register
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = (
+            SparkSession.builder.master("local[2]")
+            .appName("epochal-kafka-bench")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.streaming.metricsEnabled", "false")
         )
-    ]
-    if builtin:
-        formats.append(("kafka", {"startingOffsets": "earliest"}))
-    for index, (fmt, extra) in enumerate(formats):
-        reader_options = {k: v for k, v in extra.items() if k != "mode"}
-        reader = (
-            spark.readStream.format(fmt)
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", small)
-            .options(**reader_options)
-            .load()
-            .select("key", "value")
+        if self.jars:
+            builder = builder.config("spark.jars", ",".join(self.jars))
+        self.spark = builder.getOrCreate()
+        self.spark.sparkContext.setLogLevel("ERROR")
+        register(self.spark, ["kafka"])
+
+    def variants(self) -> list[str]:
+        """The variants this run measures."""
+        return [v for v in VARIANTS if v != BUILTIN or self.jars]
+
+    def run(
+        self, variant: str, turn: str, source: str = "", records: int = 0, limit: int = 0
+    ) -> Run:
+        """One query (or loop) of ``variant`` over ``source`` (``records`` records, ``limit``
+        per batch; by default the input topic); ``turn`` names the round."""
+        source, records = source or self.source, records or self.records
+        limit = limit or self.batch
+        out = self.new_topic()
+        if variant == LOOP:
+            result = plain_loop(self.bootstrap, source, out, records, limit)
+        elif variant == BUILTIN:
+            result = self._builtin(source, out, limit, turn)
+        else:
+            result = self._epochal(variant, source, out, limit, turn)
+        run = Run(variant, -1, result.batch_ms, result.batch_rows or [], result.phases or {})
+        run.output = count_output(self.bootstrap, out)
+        if variant == EXACTLY_ONCE:
+            run.kept = kept_producers(f"{self.workdir}/snap/bench-transactional-{turn}")
+        self.drop_topic(out)
+        return run
+
+    def _epochal(self, variant: str, source: str, out: str, limit: int, turn: str) -> Result:
+        mode, guarantee = (
+            ("transactional", "exactly-once")
+            if variant == EXACTLY_ONCE
+            else ("idempotent", "at-least-once")
         )
-        writer_options = {k: v for k, v in extra.items() if k != "startingOffsets"}
-        run_query(
-            spark,
-            "warm-up",
-            reader,
-            fmt,
-            {"kafka.bootstrap.servers": bootstrap, "topic": new_topic(), **writer_options},
-            f"{workdir}/cp-warm-{index}",
-        )
-
-
-def spark_variants(
-    bootstrap: str,
-    source: str,
-    records: int,
-    batch: int,
-    workdir: str,
-    new_topic: Any,
-    use_builtin: bool,
-) -> list[Result]:
-    """The three Spark variants in one session."""
-    from pyspark.sql import SparkSession
-
-    from epochal.spark.datasource import register
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars: list[str] = []
-    note = ""
-    if use_builtin:
-        try:
-            jars = spark_kafka_jars()
-        except Exception as exc:  # report, run the rest
-            note = f"jars not fetched: {exc}"
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("epochal-kafka-bench")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.metricsEnabled", "false")
-    )
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark, ["kafka"])
-    warm_up(spark, bootstrap, new_topic, workdir, bool(jars))
-    results = []
-    for mode, guarantee, label in (
-        ("transactional", "exactly-once", "epochal exactly-once"),
-        ("idempotent", "at-least-once", "epochal at-least-once"),
-    ):
-        out = new_topic()
         common = {
-            "epochal.snapshotDir": f"{workdir}/snap",
+            "epochal.snapshotDir": f"{self.workdir}/snap",
             "epochal.guarantee": guarantee,
-            "epochal.job": f"bench-{mode}",
+            "epochal.job": f"bench-{mode}-{turn}",
         }
         reader = (
-            spark.readStream.format("epochal.kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
+            self.spark.readStream.format("epochal.kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
             .option("subscribe", source)
-            .option("maxRecordsPerBatch", str(batch))
+            .option("maxRecordsPerBatch", str(limit))
             .options(**common)
             .load()
             .select("key", "value")
         )
-        result = run_query(
-            spark,
-            label,
+        return run_query(
+            self.spark,
+            variant,
             reader,
             "epochal.kafka",
-            {"kafka.bootstrap.servers": bootstrap, "topic": out, "mode": mode, **common},
-            f"{workdir}/cp-{mode}",
+            {"kafka.bootstrap.servers": self.bootstrap, "topic": out, "mode": mode, **common},
+            f"{self.workdir}/cp-{mode}-{turn}",
         )
-        result.note = f"{count_output(bootstrap, out)} records in the output topic"
-        results.append(result)
-    if jars:
-        out = new_topic()
-        try:
-            reader = (
-                spark.readStream.format("kafka")
-                .option("kafka.bootstrap.servers", bootstrap)
-                .option("subscribe", source)
-                .option("startingOffsets", "earliest")
-                .option("maxOffsetsPerTrigger", str(batch))
-                .option("kafka.isolation.level", "read_committed")
-                .load()
-                .select("key", "value")
-            )
-            result = run_query(
-                spark,
-                "spark built-in",
-                reader,
-                "kafka",
-                {"kafka.bootstrap.servers": bootstrap, "topic": out},
-                f"{workdir}/cp-builtin",
-            )
-            result.note = (
-                f"{count_output(bootstrap, out)} records in the output topic; "
-                f"spark-sql-kafka {SPARK_KAFKA_VERSION}"
-            )
-        except Exception as exc:
-            result = Result("spark built-in", 0, 0.0, [], f"failed: {str(exc)[:200]}")
-        results.append(result)
-    else:
-        results.append(Result("spark built-in", 0, 0.0, [], note or "skipped"))
-    spark.stop()
-    return results
+
+    def _builtin(self, source: str, out: str, limit: int, turn: str) -> Result:
+        reader = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("subscribe", source)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(limit))
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+            .select("key", "value")
+        )
+        return run_query(
+            self.spark,
+            BUILTIN,
+            reader,
+            "kafka",
+            {"kafka.bootstrap.servers": self.bootstrap, "topic": out},
+            f"{self.workdir}/cp-builtin-{turn}",
+        )
+
+    def warm_up(self) -> None:
+        """Every variant once on a small topic (not measured): Python workers, imports, Arrow,
+        the Kafka classes and the first connections are then warm for all alike."""
+        small = self.new_topic()
+        produce_input(self.bootstrap, small, 6_000)
+        for variant in self.variants():
+            self.run(variant, "warm", source=small, records=6_000, limit=2_000)
+        self.drop_topic(small)
+
+    def rounds(self, count: int, log: Callable[[str], None]) -> list[Run]:
+        """``count`` interleaved rounds."""
+        runs = []
+        for number in range(count):
+            for variant in rotated(self.variants(), number):
+                run = self.run(variant, f"r{number}")
+                run.round = number
+                runs.append(run)
+                check = "" if run.output == self.records else f"  OUTPUT {run.output} != input"
+                if variant == EXACTLY_ONCE:
+                    check += f"  (kept producer in {run.kept[0]} of {run.kept[1]} tasks)"
+                log(
+                    f"round {number + 1:>2}/{count} {variant:22} {run.steady:>9.0f} rec/s, "
+                    f"batch p50 {statistics.median(run.measured_ms or [0]):>5.0f} ms{check}"
+                )
+        return runs
 
 
-def table(results: list[Result]) -> str:
-    """The figures with ratios to Spark's built-in connector and to the plain loop."""
-    by_name = {r.name: r for r in results}
-    builtin = by_name.get("spark built-in")
-    loop = by_name.get("confluent-kafka loop")
+def kept_producers(job_dir: str) -> tuple[int, int]:
+    """How many tasks of an exactly-once query (after its first batch) used a producer their
+    Python worker kept from an earlier task, out of how many wrote: the sink reports it in
+    each prepared transaction, which the runtime records in its commit decisions."""
+    from epochal.store import SnapshotStore
+
+    store = SnapshotStore(f"{job_dir}/store")
+    reused = wrote = 0
+    try:
+        sinks = os.listdir(f"{job_dir}/store/sinks")
+    except OSError:
+        return (0, 0)
+    for sink in sinks:
+        for key in store.list(f"sinks/{sink}/decisions")[1:]:
+            for txn in store.read_json(key).get("transactions", []):
+                data = txn.get("data") or {}
+                if not data.get("skipped"):
+                    wrote += 1
+                    reused += bool(data.get("reused"))
+    return (reused, wrote)
+
+
+@dataclass
+class Summary:
+    """What a run of rounds found."""
+
+    rates: dict[str, list[float]]
+    """Per variant, its throughput in each round (in round order)."""
+    mean_rates: dict[str, list[float]]
+    """Per variant, its mean-based records/s in each round."""
+    latencies: dict[str, list[float]]
+    """Per variant, every measured batch's latency."""
+    phases: dict[str, dict[str, float]]
+    ratios: dict[str, Any]
+    """Per ratio label, the :class:`Spread` of its per-round values (throughput)."""
+    round_ratios: dict[str, list[float]]
+    """Per ratio label, its value in each round (throughput)."""
+    mean_ratios: dict[str, Any]
+    """Per ratio label, the :class:`Spread` of the mean-based per-round ratios."""
+    complete: dict[str, bool]
+    """Per variant, whether every output topic held exactly the input's record count."""
+    kept: tuple[int, int] = (0, 0)
+    """Exactly-once tasks that used a kept producer, of those that wrote (measured batches)."""
+
+
+def summarize(runs: list[Run], records: int) -> Summary:
+    """Per-variant rates and latencies, per-round ratios with their spread."""
+    variants = [v for v in VARIANTS if any(r.variant == v for r in runs)]
+    by_round: dict[int, dict[str, Run]] = {}
+    for run in runs:
+        by_round.setdefault(run.round, {})[run.variant] = run
+
+    def per_round(figure: Callable[[Run], float], variant: str) -> list[float]:
+        return [figure(by_round[n][variant]) for n in sorted(by_round) if variant in by_round[n]]
+
+    rates = {v: per_round(lambda r: r.steady, v) for v in variants}
+    mean_rates = {v: per_round(lambda r: r.mean_rate, v) for v in variants}
+    latencies = {v: [ms for r in runs if r.variant == v for ms in r.measured_ms] for v in variants}
+    phases = {}
+    for v in variants:
+        mine = [r.phases for r in runs if r.variant == v and r.phases]
+        names = sorted({k for p in mine for k in p})
+        phases[v] = {k: statistics.mean(p.get(k, 0.0) for p in mine) for k in names}
+    ratios, round_ratios, mean_ratios = {}, {}, {}
+    for top, bottom in RATIOS:
+        pairs = [
+            (rounds[top], rounds[bottom])
+            for rounds in by_round.values()
+            if top in rounds and bottom in rounds and rounds[bottom].steady
+        ]
+        if pairs:
+            label = f"{top} / {bottom}"
+            round_ratios[label] = [a.steady / b.steady for a, b in pairs]
+            ratios[label] = spread(round_ratios[label])
+            mean_ratios[label] = spread([a.mean_rate / b.mean_rate for a, b in pairs])
+    complete = {v: all(r.output == records for r in runs if r.variant == v) for v in variants}
+    kept = (sum(r.kept[0] for r in runs), sum(r.kept[1] for r in runs))
+    return Summary(
+        rates, mean_rates, latencies, phases, ratios, round_ratios, mean_ratios, complete, kept
+    )
+
+
+def table(summary: Summary) -> str:
+    """The figures per variant, then the ratios with their spread."""
     lines = [
-        f"{'variant':24} {'records':>9} {'rec/s':>10} {'batch p50 ms':>13} {'batch max ms':>13} "
-        f"{'vs built-in':>12} {'vs loop':>8}  note",
+        f"{'variant':24} {'rec/s median':>12} {'IQR':>17} {'mean-based':>10} {'batch p50':>9} "
+        f"{'p90':>6} {'max':>6}  output",
     ]
-    for r in results:
-        p50 = statistics.median(r.batch_ms) if r.batch_ms else 0.0
-        worst = max(r.batch_ms) if r.batch_ms else 0.0
-        vs_builtin = f"{r.rate / builtin.rate:.2f}x" if builtin and builtin.rate else "-"
-        vs_loop = f"{r.rate / loop.rate:.2f}x" if loop and loop.rate else "-"
+    for name, rates in summary.rates.items():
+        ms = summary.latencies[name]
         lines.append(
-            f"{r.name:24} {r.records:>9} {r.rate:>10.0f} {p50:>13.0f} {worst:>13.0f} "
-            f"{vs_builtin:>12} {vs_loop:>8}  {r.note}"
+            f"{name:24} {statistics.median(rates):>12.0f} "
+            f"{quantile(rates, 0.25):>8.0f}-{quantile(rates, 0.75):<8.0f} "
+            f"{statistics.median(summary.mean_rates[name]):>10.0f} "
+            f"{quantile(ms, 0.5):>9.0f} {quantile(ms, 0.9):>6.0f} {max(ms):>6.0f}  "
+            f"{'every record once' if summary.complete[name] else 'MISMATCH'}"
         )
-    lines.append("mean ms per batch by Spark phase:")
-    for r in results:
-        if r.phases:
-            shown = ", ".join(f"{k} {v:.0f}" for k, v in r.phases.items() if v >= 1)
-            lines.append(f"  {r.name:22} {shown}")
-    eo, alo = by_name.get("epochal exactly-once"), by_name.get("epochal at-least-once")
-    if eo and alo and alo.rate:
-        lines.append(f"exactly-once / at-least-once = {eo.rate / alo.rate:.2f}")
+    lines.append("ratios of throughput per round (median, IQR, bootstrap 95% CI of the median):")
+    for label, value in summary.ratios.items():
+        lines.append(f"  {label:48} {value}")
+    lines.append("the same with mean-based records/s:")
+    for label, value in summary.mean_ratios.items():
+        lines.append(f"  {label:48} {value}")
+    if summary.kept[1]:
+        lines.append(
+            f"exactly-once tasks that used their worker's kept producer: {summary.kept[0]} of "
+            f"{summary.kept[1]} (the others made a new one: init_transactions)"
+        )
+    lines.append("mean ms per measured batch by Spark phase:")
+    for name, phases in summary.phases.items():
+        if phases:
+            shown = ", ".join(f"{k} {v:.0f}" for k, v in phases.items() if v >= 1)
+            lines.append(f"  {name:22} {shown}")
     return "\n".join(lines)
 
 
@@ -366,51 +570,76 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the table."""
+    """Run the benchmark, print the table, write the plot (and the raw figures)."""
     parser = argparse.ArgumentParser(prog="python -m integration.bench.kafka_bench")
-    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=16, help="interleaved rounds")
+    parser.add_argument("--batches", type=int, default=10, help="batches per query and round")
     parser.add_argument("--batch", type=int, default=100_000, help="records per batch")
     parser.add_argument("--no-builtin", action="store_true", help="skip Spark's connector")
+    parser.add_argument("--plot", default="kafka-bench.png", help="PNG to write")
+    parser.add_argument("--json", default="", help="write every run's figures here")
     args = parser.parse_args(argv)
+    if args.batches < 3:
+        parser.error("--batches must be at least 3 (a query's first and last are not measured)")
 
     from integration.harness.kafka import start_kafka
 
+    jars: list[str] = []
+    if not args.no_builtin:
+        try:
+            jars = spark_kafka_jars()
+        except Exception as exc:  # report, run the rest
+            print(f"spark built-in skipped: jars not fetched: {exc}")
     server = start_kafka()
     workdir = tempfile.mkdtemp(prefix="epochal-kafka-bench-")
-    topics: list[str] = []
-
-    def new_topic() -> str:
-        name = f"bench-{uuid.uuid4().hex[:10]}"
-        server.create_topic(name, partitions=PARTITIONS)
-        topics.append(name)
-        return name
-
+    records = args.batches * args.batch
+    bench: Bench | None = None
     try:
         print(f"machine: {machine()}")
         print(f"broker: Kafka {server.version} at {server.bootstrap_servers}")
-        source = new_topic()
+        bench = Bench(server, "", records, args.batch, workdir, jars)
+        bench.source = bench.new_topic()
         started = time.perf_counter()
-        produce_input(server.bootstrap_servers, source, args.records)
+        produce_input(server.bootstrap_servers, bench.source, records)
         print(
-            f"input: {args.records} records of {VALUE_BYTES} B in {PARTITIONS} partitions "
-            f"({time.perf_counter() - started:.1f}s to produce); {args.batch} per batch"
+            f"input: {records} records of {VALUE_BYTES} B in {PARTITIONS} partitions "
+            f"({time.perf_counter() - started:.1f}s to produce); {args.batch} per batch, "
+            f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
-        results = [
-            plain_loop(server.bootstrap_servers, source, new_topic(), args.records, args.batch)
-        ]
-        results += spark_variants(
-            server.bootstrap_servers,
-            source,
-            args.records,
-            args.batch,
-            workdir,
-            new_topic,
-            not args.no_builtin,
+        bench.start_spark()
+        bench.warm_up()
+        runs = bench.rounds(args.rounds, lambda line: print(line, flush=True))
+        summary = summarize(runs, records)
+        print(f"load at the end: {machine()}")
+        print(table(summary))
+        title = f"Kafka → Kafka copy, {args.batch} records/batch, {args.rounds} rounds; {machine()}"
+        problem = write_plot(
+            args.plot,
+            title,
+            summary.rates,
+            summary.latencies,
+            ratios={k: v for k, v in summary.round_ratios.items() if k in TARGETS},
+            targets=TARGETS,
         )
-        print(table(results))
+        print(problem or f"plot: {args.plot}")
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "machine": machine(),
+                        "args": vars(args),
+                        "runs": [asdict(r) for r in runs],
+                        "ratios": {k: asdict(v) for k, v in summary.ratios.items()},
+                    },
+                    indent=1,
+                )
+            )
     finally:
-        for name in topics:
-            server.delete_topic(name)
+        if bench is not None:
+            if bench.spark is not None:
+                bench.spark.stop()
+            for name in list(bench.topics):
+                bench.drop_topic(name)
         server.backend.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -14,6 +14,7 @@ import pytest
 from epochal_jdbc.testing import JdbcSinkUnderTest
 
 from epochal import Job, JobConfig, JobStatus
+from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal.testing.pipelines import SPEC_ENV
 from epochal_map.testing import MapSourceUnderTest
 from integration.harness.plugin import PostgresDatabase
@@ -39,6 +40,8 @@ def _config(tmp_path: Path, **changes: object) -> JobConfig:
         "available_now": True,
         "restart_backoff": 0.2,
         "max_restart_backoff": 1.0,
+        "master": LOCAL,
+        "spark_conf": dict(TEST_SPARK_CONF),
     }
     settings.update(changes)
     return JobConfig(**settings)  # type: ignore[arg-type]

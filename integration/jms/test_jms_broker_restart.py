@@ -18,6 +18,7 @@ from epochal_jms.testing import JmsQueueUnderTest, broker_config
 from epochal.api import Job
 from epochal.config import JobConfig
 from epochal.jobs import JobStatus
+from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal.testing.pipelines import SPEC_ENV
 from epochal_map.testing import MapSinkUnderTest
 from integration.harness.jms import JmsQueue, JmsServer
@@ -53,6 +54,8 @@ def test_broker_restart_mid_run_is_exactly_once(
         snapshot_dir=str(tmp_path / "snapshots"),
         restart_backoff=0.5,
         max_restarts=5,
+        master=LOCAL,
+        spark_conf=dict(TEST_SPARK_CONF),
     )
     name = f"jms-restart-{uuid.uuid4().hex[:6]}"
     job = Job.submit(name, "epochal.testing.pipelines:copy", job_config)

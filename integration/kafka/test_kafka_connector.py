@@ -1,6 +1,7 @@
 """The Kafka source and sink against the real broker, without Spark: exact range reads under
 read_committed, starting positions, data loss, the transactional protocol (markers, replays,
-fencing of lingering transactions) and the errors users see."""
+fencing of lingering transactions, producers kept per worker and replaced when fenced) and
+the errors users see."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from epochal_kafka import KafkaSink, KafkaSource
+from epochal_kafka.sink import Marker, PooledProducer, ProducerPool, last_written, superseded
 from epochal_kafka.source import DataLossError, partition_id
 from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
 
@@ -18,6 +20,7 @@ from epochal_sdk import (
     Field,
     Guarantee,
     Options,
+    RestartableError,
     SchemaMismatchError,
     Split,
     TaskContext,
@@ -237,6 +240,137 @@ def test_recovery_fences_a_lingering_transaction_at_once(
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
     assert values == ["1"]
     zombie.producer = other.producer = None
+
+
+def _commit(sink: KafkaSink, task: TaskContext, ids: list[int]) -> dict[str, Any]:
+    """One task's whole transaction: begin, write, prepare, close."""
+    txn = sink.begin(task)
+    try:
+        if ids:
+            txn.write(_batch(ids))
+        return txn.prepare()
+    finally:
+        txn.close()
+
+
+def _worker(server: KafkaServer, topic: str) -> KafkaSink:
+    """A sink with a pool of its own: what another Python worker process would have."""
+    sink = _sink(server, topic=topic)
+    sink.pool = ProducerPool()
+    return sink
+
+
+def test_a_worker_keeps_its_transactional_producer_across_batches(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """Tasks of one worker that write the same Spark partition use one producer: one
+    init_transactions() for four batches; each batch is written once."""
+    topic = make_topic(1)
+    sink = _worker(kafka_server, topic)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    reused = [_commit(sink, _task(job, b), [b])["reused"] for b in range(4)]
+    assert reused == [False, True, True, True]
+    assert sink.pool.created == 1
+    assert sink.pool.idle() == [f"{_task(job, 0).prefix}.0"]
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["0", "1", "2", "3"]
+
+
+def test_a_kept_producer_that_was_fenced_is_replaced_before_it_writes(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """Spark partition 0 moves between two workers. A worker whose kept producer was fenced
+    since (by the other worker's producer of the same id, or by recovery) replaces it before
+    writing a record: no task fails, nothing is written twice, nothing lingers."""
+    topic = make_topic(1)
+    one, two = _worker(kafka_server, topic), _worker(kafka_server, topic)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    assert _commit(one, _task(job, 0), [0])["reused"] is False
+    assert _commit(two, _task(job, 1), [1])["reused"] is False  # fences one's producer
+    # The marker names two's producer: one drops its kept producer unused, makes a new one.
+    assert _commit(one, _task(job, 2), [2])["reused"] is False
+    assert one.pool.created == 2
+    # Recovery (another process) fences the id; the marker still names one's producer, so
+    # one tries it: send_offsets_to_transaction() is refused (fenced), before any record.
+    recovery = _worker(kafka_server, topic)
+    assert recovery.fence(_task(job, 0).prefix) == [f"{_task(job, 0).prefix}.0"]
+    assert _commit(one, _task(job, 3), [3])["reused"] is False
+    assert one.pool.created == 3
+    assert _commit(one, _task(job, 4), [4])["reused"] is True
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["0", "1", "2", "3", "4"]
+    assert unstable_partitions(kafka_server.bootstrap_servers, topic) == []
+
+
+def test_a_zombie_attempt_cannot_commit_after_a_newer_attempt_took_over(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """Two attempts of one task in two workers. The newer one's producer fences the older
+    one's (and aborts its open transaction) before it looks at the marker; the older one's
+    commit then fails restartably and only the newer one's records are visible. A replay
+    after a commit writes nothing, in another worker or in the same one."""
+    topic = make_topic(1)
+    old, new = _worker(kafka_server, topic), _worker(kafka_server, topic)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    zombie = old.begin(_task(job, 5, attempt=0))
+    zombie.write(_batch([50, 51]))
+    assert zombie.producer is not None
+    zombie.producer.flush(30)  # records in the log, transaction open
+    assert _commit(new, _task(job, 5, attempt=1), [50, 51])["skipped"] is False
+    with pytest.raises(RestartableError, match="fenced"):
+        zombie.prepare()
+    zombie.abort()
+    zombie.close()
+    assert old.pool.idle() == []  # the fenced producer is not kept
+    assert _commit(old, _task(job, 5, attempt=2), [50, 51])["skipped"] is True
+    assert _commit(new, _task(job, 5, attempt=3), [50, 51])["skipped"] is True
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["50", "51"]
+
+
+def test_a_kept_producer_that_saw_the_broker_go_away_is_replaced(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """The broker restarts while a worker's producer is idle: the producer reported the lost
+    connections (librdkafka's error callback), so the next task makes a new one instead of
+    using it (a kept producer can hang in send_offsets_to_transaction after a coordinator
+    change), and writes its batch once."""
+    kafka_server.require_faults()
+    topic = make_topic(1)
+    sink = _worker(kafka_server, topic)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    assert _commit(sink, _task(job, 0), [0])["reused"] is False
+    assert _commit(sink, _task(job, 1), [1])["reused"] is True
+    kafka_server.stop()
+    kafka_server.start()
+    assert _commit(sink, _task(job, 2), [2])["reused"] is False
+    assert sink.pool.created == 2
+    assert _commit(sink, _task(job, 3), [3])["reused"] is True
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["0", "1", "2", "3"]
+
+
+def test_a_producer_remembers_its_own_commits() -> None:
+    """The marker of a commit that just returned may not be readable yet (the broker writes
+    the transaction markers after answering): the producer's own last commit counts too.
+    Markers of another query do not count; markers without an instance still parse. A kept
+    producer is known to be fenced only by a later commit of another instance."""
+    held = PooledProducer("ep.j.s.0", ())
+    held.committed["q1"] = 7
+    stale = Marker.parse(7, "q1;abc")  # batch 6 readable, batch 7 not yet
+    assert stale.written("q1") == 6 and stale.instance == "abc"
+    assert last_written(stale, held, "q1") == 7
+    assert last_written(stale, None, "q1") == 6
+    assert last_written(Marker.parse(9, "q0;abc"), held, "q2") == -1
+    # A newer batch by another instance: superseded. A lagging marker of its own, or one
+    # of another query: not known to be (the kept producer is tried and checked).
+    assert superseded(Marker.parse(9, f"q1;{held.instance}x"), held, "q1")
+    assert not superseded(Marker.parse(7, "q1;other"), held, "q1")
+    assert not superseded(Marker.parse(0, None), held, "q1")
+    assert not superseded(Marker.parse(20, "q0;other"), held, "q1")
+    old_format = Marker.parse(4, "q1")
+    assert (old_format.written("q1"), old_format.instance) == (3, "")
+    assert Marker.parse(-1001, None).written("q1") == -1
 
 
 def test_idempotent_writer_delivers_with_headers_and_topic_column(

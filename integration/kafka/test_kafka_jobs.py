@@ -23,6 +23,7 @@ from epochal.api import Job
 from epochal.config import JobConfig
 from epochal.jobs import JobStatus
 from epochal.testing import Case, run_case
+from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal.testing.pipelines import SPEC_ENV
 from epochal_sdk import Guarantee
 from integration.harness.kafka import KafkaServer
@@ -72,6 +73,8 @@ def test_copy_survives_a_broker_restart_mid_run(
         snapshot_dir=str(tmp_path / "snapshots"),
         restart_backoff=1.0,
         max_restarts=8,
+        master=LOCAL,
+        spark_conf=dict(TEST_SPARK_CONF),
     )
     job = Job.submit(
         f"broker-restart-{uuid.uuid4().hex[:8]}",

@@ -7,11 +7,17 @@ Four contracts, one per way a system can take part in a snapshot:
   snapshot and drops redeliveries by message ID.
 * :class:`TransactionalSink`: two-phase commit driven by the runtime.
 * :class:`IdempotentSink`: upsert by a stable key.
+
+Every source and sink gets a :class:`ConnectorContext` (``self.context``: job, part id, run,
+query id, batch, partition, attempt, metrics); ids are built by :class:`TransactionId`,
+:class:`WriterId` and :class:`RecordId`.
 """
 
 from epochal_sdk.connector import Connector
+from epochal_sdk.context import ConnectorContext, Metrics
 from epochal_sdk.errors import (
     ConfigError,
+    DataGoneError,
     EpochalError,
     FencedError,
     GuaranteeError,
@@ -24,8 +30,16 @@ from epochal_sdk.errors import (
 )
 from epochal_sdk.guarantees import Guarantee, weakest
 from epochal_sdk.hookspecs import hookimpl, hookspec
+from epochal_sdk.ids import (
+    RecordId,
+    RecoveryScope,
+    TransactionId,
+    WriterId,
+    batch_of,
+    transaction_prefix,
+)
 from epochal_sdk.options import Options
-from epochal_sdk.schema import Field, Schema, ddl
+from epochal_sdk.schema import Field, Schema, column_names, ddl, parse_ddl, row_of
 from epochal_sdk.sinks import (
     IdempotentSink,
     IdempotentWriter,
@@ -35,9 +49,6 @@ from epochal_sdk.sinks import (
     TaskContext,
     Transaction,
     TransactionalSink,
-    TransactionId,
-    batch_of,
-    transaction_prefix,
 )
 from epochal_sdk.sources import (
     AcknowledgingSource,
@@ -53,6 +64,8 @@ __all__ = [
     "AcknowledgingSource",
     "ConfigError",
     "Connector",
+    "ConnectorContext",
+    "DataGoneError",
     "EpochalError",
     "FencedError",
     "Field",
@@ -61,10 +74,13 @@ __all__ = [
     "IdempotentSink",
     "IdempotentWriter",
     "Message",
+    "Metrics",
     "Offsets",
     "Options",
     "PoisonRecordError",
     "Prepared",
+    "RecordId",
+    "RecoveryScope",
     "ReplayableSource",
     "RestartableError",
     "Rows",
@@ -79,11 +95,15 @@ __all__ = [
     "Transaction",
     "TransactionId",
     "TransactionalSink",
+    "WriterId",
     "batch_of",
+    "column_names",
     "ddl",
     "hookimpl",
     "hookspec",
     "job_starting",
+    "parse_ddl",
+    "row_of",
     "transaction_prefix",
     "unreachable",
     "weakest",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from epochal_sdk.guarantees import Guarantee
+from epochal_sdk.hookspecs import hookimpl
 from epochal_sdk.options import Options
 from epochal_sdk.sinks import IdempotentSink, Sink, TransactionalSink
 from epochal_sdk.sources import AcknowledgingSource, ReplayableSource, Source
@@ -18,7 +20,7 @@ CONTRACTS: tuple[type, ...] = (
 
 
 class Connector:
-    """Subclass this, set the class attributes and register the class from a plugin.
+    """Subclass this, set the class attributes and name the class in an entry point.
 
     Example::
 
@@ -28,7 +30,14 @@ class Connector:
             source_class = MapJournalSource
             sink_class = MapSink
 
+    and one line in ``pyproject.toml`` registers it (a connector class is a plugin itself)::
+
+        [project.entry-points.epochal]
+        map = "epochal_map.connector:MapConnector"
+
     ``spark.readStream.format("epochal.map")`` then builds ``MapJournalSource(options)``.
+    (A plugin module with a ``register_connectors`` hook, named by the entry point instead,
+    works as before: it can register several classes.)
     """
 
     name: ClassVar[str]
@@ -47,6 +56,12 @@ class Connector:
         if self.sink_class is None:
             raise TypeError(f"connector {self.name!r} has no sink")
         return self.sink_class(options)
+
+    @classmethod
+    @hookimpl
+    def register_connectors(cls, register: Callable[[type], None]) -> None:
+        """The plugin hook of a connector class named by an entry point: registers itself."""
+        register(cls)
 
     @classmethod
     def contracts(cls) -> list[str]:

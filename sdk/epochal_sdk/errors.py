@@ -49,6 +49,33 @@ class SnapshotError(EpochalError):
     """Snapshot data is missing or corrupt; the job refuses to run on it."""
 
 
+class DataGoneError(SnapshotError):
+    """The data of a range a source must read (again) is gone: deleted by retention or
+    compaction, a file replaced, a partition removed. The job fails: replaying a batch from
+    other data, or skipping it, would break the guarantee silently.
+
+    Raise it as ``DataGoneError(connector, what, why, fix)``, or with one ready message
+    (``DataGoneError("...")``, like any :class:`SnapshotError`).
+
+    Args:
+        connector: the connector's name.
+        what: the range that is gone, e.g. ``"partition 3, offsets 100..199"``.
+        why: what removed it, as far as the connector can tell.
+        fix: what the operator can do (restore the data, or start the job afresh from a
+            position that exists).
+    """
+
+    def __init__(
+        self, connector: str, what: str | None = None, why: str = "", fix: str = ""
+    ) -> None:
+        self.connector, self.what, self.why, self.fix = connector, what, why, fix
+        if what is None:  # one ready message
+            super().__init__(connector)
+            return
+        because = f" ({why})" if why else ""
+        super().__init__(f"{connector}: the data of {what} is gone{because}. {fix}".rstrip())
+
+
 class FencedError(EpochalError):
     """This process lost its job lease: another driver owns the job now."""
 

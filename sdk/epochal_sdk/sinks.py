@@ -8,10 +8,19 @@ commits what was decided and rolls back the rest. Connector authors never touch 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from epochal_sdk.context import ConnectorContext, Metrics, context_property
 from epochal_sdk.guarantees import Guarantee
+from epochal_sdk.ids import (
+    RecordId,
+    RecoveryScope,
+    TransactionId,
+    WriterId,
+    batch_of,
+    transaction_prefix,
+)
 from epochal_sdk.options import Options
 from epochal_sdk.schema import Schema
 
@@ -22,58 +31,30 @@ JSON = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged."""
 
 
-@dataclass(frozen=True, order=True)
-class TransactionId:
-    """The one id scheme of transactions driven by the runtime:
-    ``<prefix>.<batch>.<partition>.<run>.<attempt>``, where ``<prefix>`` is
-    ``ep.<job>.<sink id>`` (see :func:`transaction_prefix`).
-
-    Unique per task attempt, the same on a retry of the same step, never random; the run
-    grows at every query start, so a new run never reuses an old id and recovery can tell
-    which run prepared a transaction.
-    """
-
-    prefix: str
-    batch: int
-    partition: int
-    run: int
-    attempt: int
-
-    def __str__(self) -> str:
-        return f"{self.prefix}.{self.batch}.{self.partition}.{self.run}.{self.attempt}"
-
-    @classmethod
-    def parse(cls, text: str, prefix: str | None = None) -> TransactionId | None:
-        """The id in ``text``, or None if it is not one (or not of ``prefix``: an id of
-        another sink whose prefix merely starts like this one's is not a match)."""
-        head, *rest = text.rsplit(".", 4)
-        if len(rest) != 4 or not all(part.isdigit() for part in rest):
-            return None
-        if prefix is not None and head != prefix:
-            return None
-        batch, partition, run, attempt = (int(part) for part in rest)
-        return cls(head, batch, partition, run, attempt)
-
-    @classmethod
-    def of(cls, text: str) -> TransactionId:
-        """Like :meth:`parse`, but a clear error when ``text`` is not such an id."""
-        parsed = cls.parse(text)
-        if parsed is None:
-            raise ValueError(
-                f"{text!r} is not an epochal transaction id "
-                "(<prefix>.<batch>.<partition>.<run>.<attempt>)"
-            )
-        return parsed
-
-    def batch_prefix(self) -> str:
-        """The prefix of every id of this id's batch (for ``in_doubt`` look-ups)."""
-        return f"{self.prefix}.{self.batch}."
+__all__ = [  # the id helpers stay importable from here, where they were first
+    "IdempotentSink",
+    "IdempotentWriter",
+    "Prepared",
+    "RecordId",
+    "RecoveryScope",
+    "Sink",
+    "SinkWriter",
+    "TaskContext",
+    "Transaction",
+    "TransactionId",
+    "TransactionalSink",
+    "WriterId",
+    "batch_of",
+    "transaction_prefix",
+]
 
 
 @dataclass(frozen=True)
 class TaskContext:
     """Who is writing: the job, the sink, the batch (snapshot epoch), the Spark partition and
-    the task attempt. ``transaction_id`` is stable across restarts, so it can fence zombies."""
+    the task attempt. ``transaction_id`` is stable across restarts, so it can fence zombies.
+
+    The same values are in the sink's :attr:`~Sink.context` while it serves this task."""
 
     job: str
     sink_id: str
@@ -83,6 +64,12 @@ class TaskContext:
     schema: Schema
     run: int = 0
     """The job run (it grows at every query start), so a new run never reuses an old id."""
+    query_id: str = ""
+    """Spark's streaming query id: the same across the runs of one checkpoint, new when the
+    job starts over with a fresh checkpoint ("" outside a streaming query)."""
+    metrics: Metrics = field(default_factory=Metrics, compare=False, repr=False)
+    """Where the writer counts its own things (see :class:`~epochal_sdk.Metrics`); the
+    runtime adds them to the part's metrics of this batch."""
 
     @property
     def prefix(self) -> str:
@@ -100,15 +87,16 @@ class TaskContext:
         across retries of the same step, never random."""
         return str(self.txn)
 
+    @property
+    def writer_id(self) -> WriterId:
+        """This task's writer: ``<prefix>.<partition>``, the same for every batch, run and
+        attempt (for systems that fence writers by a fixed id)."""
+        return WriterId(self.prefix, self.partition)
 
-def transaction_prefix(job: str, sink_id: str) -> str:
-    """The transaction id prefix of a job's sink."""
-    return f"ep.{job}.{sink_id}"
-
-
-def batch_of(transaction_id: str) -> int:
-    """The batch id inside a transaction id (see :class:`TransactionId`)."""
-    return TransactionId.of(transaction_id).batch
+    def record_id(self, position: int) -> str:
+        """The id of the ``position``-th record (from 0) this task writes: the same on every
+        replay of the batch (see :class:`~epochal_sdk.RecordId`)."""
+        return str(RecordId(self.job, self.sink_id, self.batch_id, self.partition, position))
 
 
 @dataclass(frozen=True)
@@ -127,6 +115,13 @@ class Sink(ABC):
 
     def __init__(self, options: Options) -> None:
         self.options = options
+
+    context: ConnectorContext = context_property(
+        """Where this sink object runs: job, part id, run, query id, and in a task the batch,
+        partition and attempt, plus the metrics handle (see
+        :class:`~epochal_sdk.ConnectorContext`). Handed over by the runtime with the
+        options; never read the environment or Spark for these."""
+    )
 
     def max_guarantee(self) -> Guarantee:
         """The strongest guarantee this sink can give with these options and this server."""
@@ -148,7 +143,13 @@ class Sink(ABC):
     def check(self, schema: Schema) -> None:
         """Called on the driver at the start of every run, before its first batch: fail with a
         clear error on bad options, an unreachable server (raise
-        :func:`~epochal_sdk.errors.unreachable`), a missing table or columns that do not fit."""
+        :func:`~epochal_sdk.errors.unreachable`), a missing table or columns that do not fit.
+
+        ``check`` may create what the sink writes to (a table, a map) only when the user asked
+        for it by an option (e.g. ``createTable``) or when creating it is harmless and
+        idempotent; otherwise a missing target is an error that says how to create it. It is
+        called again at every restart, so what it creates must tolerate already existing
+        (and another job creating it at the same moment)."""
 
     def close(self) -> None:
         """Release connections."""
@@ -196,8 +197,15 @@ class TransactionalSink(Sink):
         """Drop a prepared transaction. Idempotent: unknown or settled ids do nothing."""
 
     @abstractmethod
-    def in_doubt(self, prefix: str) -> list[Prepared]:
-        """Every prepared, unsettled transaction whose id starts with ``prefix``."""
+    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+        """Every prepared, unsettled transaction whose id starts with ``prefix``.
+
+        ``scope`` says what the look-up is for (:class:`~epochal_sdk.RecoveryScope`):
+        ``recovery`` at a run's start (or an operator settling a stopped job), ``batch``
+        after one batch, ``inspect`` when an operator only lists. ``prefix`` is always
+        ``scope.head``. A sink with a side effect in this call (fencing writers) does it only
+        when ``scope.recovery``. Sinks written before the scope existed take ``prefix`` only;
+        the runtime still calls them that way (with a ``DeprecationWarning``)."""
 
 
 class IdempotentWriter(SinkWriter):

@@ -11,8 +11,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from epochal_sdk.context import ConnectorContext, context_property
 from epochal_sdk.guarantees import Guarantee
 from epochal_sdk.options import Options
+from epochal_sdk.schema import column_names
 
 if TYPE_CHECKING:
     import pyarrow
@@ -23,8 +25,10 @@ Offset = Any
 Offsets = dict[str, Offset]
 """Positions by partition id. Stored in Spark's offset log, i.e. in the snapshot."""
 
-Rows = Iterator["tuple[Any, ...] | pyarrow.RecordBatch"]
-"""What ``read`` yields: tuples in schema order, or Arrow record batches (much faster)."""
+Rows = Iterator["tuple[Any, ...] | dict[str, Any] | pyarrow.RecordBatch"]
+"""What ``read`` yields: tuples in the order of :meth:`Source.schema`'s columns, dicts by
+column name (missing columns are null), or Arrow record batches in the schema (much
+faster)."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,20 @@ class Source(ABC):
     def __init__(self, options: Options) -> None:
         self.options = options
 
+    context: ConnectorContext = context_property(
+        """Where this source object runs: job, part id, run, query id, and in a read task the
+        batch, partition and attempt, plus the metrics handle (see
+        :class:`~epochal_sdk.ConnectorContext`). Handed over by the runtime with the
+        options; never read the environment or Spark for these."""
+    )
+
     @abstractmethod
     def schema(self) -> str:
         """The columns this source produces, as a Spark DDL string (``"id bigint, v string"``)."""
+
+    def columns(self) -> tuple[str, ...]:
+        """The column names of :meth:`schema`, in order: the order of a tuple row."""
+        return column_names(self.schema())
 
     def max_guarantee(self) -> Guarantee:
         """The strongest guarantee this source can give with these options and this server."""
@@ -78,6 +93,14 @@ class ReplayableSource(Source):
 
     One instance is created on the driver to plan batches and one in each task to read, so
     open connections lazily and keep no state between ``read`` calls.
+
+    Partitions may come and go. A new partition joins at its :meth:`initial_offsets` and is
+    read from the next batch. A partition that :meth:`partitions` no longer lists keeps its
+    last offset in the snapshot and is simply not read (nothing of it is planned); if it comes
+    back, reading goes on from that offset. A range that a batch must read (again) but whose
+    data is gone (retention, a deleted partition, a replaced file) is never skipped:
+    :meth:`read` raises :class:`~epochal_sdk.DataGoneError`, which fails the job with your
+    message.
     """
 
     @abstractmethod
@@ -94,7 +117,9 @@ class ReplayableSource(Source):
 
     @abstractmethod
     def read(self, split: Split) -> Rows:
-        """Yield exactly the records of ``split``, in order, every time it is called."""
+        """Yield exactly the records of ``split``, in order, every time it is called: tuples
+        in :meth:`columns` order, dicts by column name, or Arrow record batches. Raise
+        :class:`~epochal_sdk.DataGoneError` when records of the range are gone."""
 
     def max_records_per_batch(self) -> int | None:
         """The read limit per batch (admission control), usually from an option."""
@@ -139,12 +164,12 @@ class Message:
 
     Args:
         id: a stable ID: the same message redelivered carries the same ID.
-        row: the message as a tuple in the source's schema order.
+        row: the message as a tuple in the source's schema order, or a dict by column name.
         redelivered: the broker says it delivered this message before.
     """
 
     id: str
-    row: tuple[Any, ...]
+    row: tuple[Any, ...] | dict[str, Any]
     redelivered: bool = False
     headers: dict[str, str] = field(default_factory=dict, compare=False)
 

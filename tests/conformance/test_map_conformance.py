@@ -16,6 +16,7 @@ class TestMapConformance(ConformanceSuite):
     """Map journal → Spark → map sink."""
 
     whole_driver_kills = True
+    executor_kills = True
     source_connector = "map"
     sink_connector = "map"
 

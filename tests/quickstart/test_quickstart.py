@@ -34,7 +34,20 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Console scripts that must not be found on PATH: the test proves nothing relies on them.
 SCRIPTS = ("epochal", "ruff", "pytest")
 #: This run's settings that a new user's shell would not have.
-FOREIGN_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYENV_VERSION", "PYSPARK_PYTHON")
+# PYTHON and make's own variables come from the CI's `make test` that runs this test; a user's
+# shell has neither, and with them the nested `make` would use the CI's interpreter.
+FOREIGN_ENV = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "PYENV_VERSION",
+    "PYSPARK_PYTHON",
+    "PYTHON",
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKELEVEL",
+    "MAKEOVERRIDES",
+)
 FOREIGN_PREFIXES = ("EPOCHAL_", "PYTEST_", "SPARK_", "PYSPARK_", "PIP_REQUIRE_VIRTUALENV")
 SMALL_PYTEST = "tests/unit/test_config.py -q -p no:cacheprovider"
 

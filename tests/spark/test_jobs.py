@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from epochal import Job, JobConfig, JobStatus
+from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
 pytestmark = pytest.mark.spark
@@ -20,6 +21,8 @@ def _config(tmp_path: Path, **changes: object) -> JobConfig:
         "snapshot_dir": str(tmp_path / "snapshots"),
         "available_now": True,
         "restart_backoff": 0.2,
+        "master": LOCAL,
+        "spark_conf": dict(TEST_SPARK_CONF),
     }
     settings.update(changes)
     return JobConfig(**settings)  # type: ignore[arg-type]

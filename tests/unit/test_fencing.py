@@ -175,6 +175,21 @@ def test_a_stopped_process_is_killed_too() -> None:
         ("py4j.protocol.Py4JNetworkError: Answer from Java side is empty", True, False),
         ("[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log", True, False),
         ("ZeroDivisionError: division by zero", False, False),
+        # a sink that lost its server while Spark set up the batch's writer (Spark wraps it)
+        (
+            "org.apache.spark.sql.AnalysisException: [PYTHON_DATA_SOURCE_ERROR] Failed to "
+            "initialize Python data source writer: Traceback ...\nepochal_sdk.errors."
+            "RestartableError: jdbc: lost the server [epochal:restartable]",
+            True,
+            True,
+        ),
+        ("org.apache.spark.sql.AnalysisException: [UNRESOLVED_COLUMN] nope", False, False),
+        (
+            "AnalysisException: Failed to initialize Python data source writer: "
+            "epochal_sdk.errors.GuaranteeError: the sink cannot keep exactly-once",
+            False,
+            False,
+        ),
     ],
 )
 def test_failures_are_classified_by_what_spark_raises(

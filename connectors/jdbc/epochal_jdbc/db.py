@@ -129,7 +129,7 @@ def connect(options: Options, *, autocommit: bool = True, at_start: bool = False
     server is a :class:`RestartableError`. A refused login or a missing database is always a
     :class:`ConfigError`."""
     info = conninfo(options)
-    timeout = options.int("connectTimeout", 10, minimum=1) or 10
+    timeout = options.int("connectTimeout", 10, minimum=1)
     try:
         return psycopg.connect(info, autocommit=autocommit, connect_timeout=timeout)
     except psycopg.OperationalError as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
@@ -14,7 +13,6 @@ from psycopg import sql
 
 from epochal_jdbc.copy import copy_batch
 from epochal_jdbc.db import (
-    CONNECTOR,
     GID_MAX,
     JdbcError,
     TableName,
@@ -27,18 +25,19 @@ from epochal_jdbc.db import (
     translate,
 )
 from epochal_sdk import (
-    ConfigError,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
     Options,
     Prepared,
+    RecoveryScope,
     RestartableError,
     Schema,
     SchemaMismatchError,
     TaskContext,
     Transaction,
     TransactionalSink,
+    TransactionId,
     batch_of,
 )
 
@@ -78,8 +77,7 @@ class JdbcSink(TransactionalSink, IdempotentSink):
         self.create_table = options.bool("createTable", False)
         self.keys = tuple(k.strip() for k in options.str("keyColumns", "").split(",") if k.strip())
         if self.mode == "idempotent" and not self.keys:
-            raise ConfigError(
-                CONNECTOR,
+            raise options.error(
                 "keyColumns",
                 "is required in mode 'idempotent'",
                 "Set .option('keyColumns', 'col1,col2') to columns with a unique index.",
@@ -146,14 +144,15 @@ class JdbcSink(TransactionalSink, IdempotentSink):
                 self._create_marker_table(conn)
 
     def _check_gid_length(self) -> None:
-        job = os.environ.get("EPOCHAL_JOB")
-        if job and len(f"ep.{job}.{CONNECTOR}-0123456789".encode()) + 40 > GID_MAX:
-            raise ConfigError(
-                CONNECTOR,
+        """The job's transaction ids fit PostgreSQL's gids: the prefix (job and sink id, from
+        the context) and room for batch, partition, run and attempt (40 bytes)."""
+        prefix = self.context.transaction_prefix
+        if len(prefix.encode()) + 40 > GID_MAX:
+            raise self.options.error(
                 "epochal.id",
-                f"job name {job!r} is too long for PostgreSQL's {GID_MAX}-byte prepared "
-                "transaction ids",
-                "Use a shorter job name (under 120 characters).",
+                f"transaction ids of this sink ({prefix}.<batch>.<partition>.<run>.<attempt>) "
+                f"would not fit PostgreSQL's {GID_MAX}-byte prepared transaction ids",
+                "Use a shorter job name, or a short .option('epochal.id', ...) for the sink.",
             )
 
     @staticmethod
@@ -274,8 +273,7 @@ class JdbcSink(TransactionalSink, IdempotentSink):
     def begin(self, task: TaskContext) -> Transaction:
         """The database transaction of one task, prepared as ``task.transaction_id``."""
         if len(task.transaction_id.encode()) > GID_MAX:
-            raise ConfigError(
-                CONNECTOR,
+            raise self.options.error(
                 "epochal.id",
                 f"transaction id {task.transaction_id!r} is longer than PostgreSQL's "
                 f"{GID_MAX} bytes",
@@ -343,13 +341,12 @@ class JdbcSink(TransactionalSink, IdempotentSink):
             return False
 
     def _prune(self, gid: str) -> None:
-        batch = batch_of(gid)
-        if batch % 100 or batch < KEEP_MARKER_BATCHES:
+        txn = TransactionId.of(gid)
+        if txn.batch % 100 or txn.batch < KEEP_MARKER_BATCHES:
             return
-        prefix = gid.rsplit(".", 4)[0]
         self._execute(
             sql.SQL("DELETE FROM {} WHERE prefix = %s AND batch < %s").format(self.marker.sql()),
-            (prefix, batch - KEEP_MARKER_BATCHES),
+            (txn.prefix, txn.batch - KEEP_MARKER_BATCHES),
         )
 
     def rollback(self, prepared: Prepared) -> None:
@@ -362,8 +359,9 @@ class JdbcSink(TransactionalSink, IdempotentSink):
         except psycopg.Error as e:
             raise translate(e, self.table, f"rollback of {gid}") from None
 
-    def in_doubt(self, prefix: str) -> list[Prepared]:
-        """The prepared transactions of this database whose gid starts with ``prefix``."""
+    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+        """The prepared transactions of this database whose gid starts with ``prefix`` (the
+        same for every scope: looking has no side effect)."""
         try:
             rows = self._execute(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"

@@ -12,9 +12,8 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from epochal_jdbc.db import CONNECTOR, TableName, connect, spark_type, translate
+from epochal_jdbc.db import TableName, connect, spark_type, translate
 from epochal_sdk import (
-    ConfigError,
     Guarantee,
     Offsets,
     Options,
@@ -53,8 +52,7 @@ class JdbcSource(ReplayableSource):
         table = options.str("table", "").strip()
         query = options.str("query", "").strip().rstrip(";")
         if bool(table) == bool(query):
-            raise ConfigError(
-                CONNECTOR,
+            raise options.error(
                 "table",
                 "give exactly one of 'table' and 'query'",
                 "Set .option('table', '[schema.]table') or .option('query', 'SELECT ...').",
@@ -66,15 +64,14 @@ class JdbcSource(ReplayableSource):
         raw = options.str("offsetColumns", "") or options.str("orderBy", "")
         self.offset_columns = tuple(c.strip() for c in raw.split(",") if c.strip())
         if not self.offset_columns:
-            raise ConfigError(
-                CONNECTOR,
+            raise options.error(
                 "offsetColumns",
                 "is required",
                 "Name the growing column(s) to read by, e.g. .option('offsetColumns', 'id') "
                 "or 'updated_at,id'.",
             )
         self.wait = options.bool("waitForInProgress", True)
-        self.wait_s = (options.int("inProgressWaitMs", 5000, minimum=0) or 0) / 1000.0
+        self.wait_s = options.int("inProgressWaitMs", 5000, minimum=0) / 1000.0
         self.start = options.str("startingPosition", "earliest").strip()
         self._conn: Any = None
         self._columns: list[tuple[str, str, bool]] | None = None
@@ -181,8 +178,7 @@ class JdbcSource(ReplayableSource):
         except ValueError:
             value = None
         if not isinstance(value, list) or len(value) != len(self.offset_columns):
-            raise ConfigError(
-                CONNECTOR,
+            raise self.options.error(
                 "startingPosition",
                 f"{text!r} is not earliest, latest or a JSON list of "
                 f"{len(self.offset_columns)} offset value(s)",

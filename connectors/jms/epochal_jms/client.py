@@ -65,8 +65,8 @@ class BrokerConfig:
             port=port,
             user=options.str("user", unquote(parts.username or "")),
             password=options.str("password", unquote(parts.password or "")),
-            heartbeat_ms=options.int("heartbeatMs", 10_000, minimum=0) or 0,
-            connect_timeout_ms=options.int("connectTimeoutMs", 30_000, minimum=0) or 0,
+            heartbeat_ms=options.int("heartbeatMs", 10_000, minimum=0),
+            connect_timeout_ms=options.int("connectTimeoutMs", 30_000, minimum=0),
         )
 
     @property

@@ -1,4 +1,5 @@
-"""The plugin epochal finds through the ``epochal`` entry point group."""
+"""The plugin module of earlier versions (the entry point now names the connector class, which
+registers itself); kept so that plugin lists that name this module still work."""
 
 from __future__ import annotations
 

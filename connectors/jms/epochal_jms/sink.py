@@ -2,8 +2,9 @@
 
 Contract: :class:`~epochal_sdk.IdempotentSink`. Every message carries an ID derived from the
 job, the sink, the batch, the Spark partition and the record's position in the task (never
-the attempt or the run), in the header ``idHeader`` (``_AMQ_DUPL_ID`` by default). A task
-sends its messages inside one STOMP transaction and ``flush`` commits it with a receipt.
+the attempt or the run: the SDK's :class:`~epochal_sdk.RecordId`), in the header
+``idHeader`` (``_AMQ_DUPL_ID`` by default). A task sends its messages inside one STOMP
+transaction and ``flush`` commits it with a receipt.
 
 On ActiveMQ Artemis, ``_AMQ_DUPL_ID`` turns on broker-side duplicate detection: a replayed
 batch's messages are dropped by the broker, so the sink is exactly-once (within the broker's
@@ -24,7 +25,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from stomp.exception import StompException
 
 from epochal_jms.client import (
-    CONNECTOR,
     BrokerConfig,
     BrokerError,
     StompClient,
@@ -32,7 +32,6 @@ from epochal_jms.client import (
 )
 from epochal_jms.source import destination_of
 from epochal_sdk import (
-    ConfigError,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
@@ -93,10 +92,7 @@ class JmsSink(IdempotentSink):
         self.header_columns = [c.strip() for c in listed.split(",") if c.strip()] or None
         self.persistent = options.bool("persistent", True)
         self.id_header = options.str("idHeader", ARTEMIS_DUPLICATE_HEADER).strip()
-        self.id_cache_size = (
-            options.int("duplicateIdCacheSize", ARTEMIS_ID_CACHE_SIZE, minimum=1)
-            or ARTEMIS_ID_CACHE_SIZE
-        )
+        self.id_cache_size = options.int("duplicateIdCacheSize", ARTEMIS_ID_CACHE_SIZE, minimum=1)
         self._server: str | None = None
 
     # -- driver side --------------------------------------------------------------------------
@@ -183,7 +179,6 @@ class JmsWriter(IdempotentWriter):
     def __init__(self, sink: JmsSink, task: TaskContext) -> None:
         self.sink = sink
         self.task = task
-        self.id_prefix = f"{task.job}.{task.sink_id}.{task.batch_id}.{task.partition}"
         self.messages: list[tuple[str, bytes | str, dict[str, str]]] = []
 
     def write(self, batch: pyarrow.RecordBatch) -> None:
@@ -216,7 +211,7 @@ class JmsWriter(IdempotentWriter):
                 headers.update({str(k): header_text(v) for k, v in pairs if v is not None})
             if sink.persistent:
                 headers["persistent"] = "true"
-            headers[sink.id_header] = f"{self.id_prefix}.{position}"
+            headers[sink.id_header] = self.task.record_id(position)
             self.messages.append((destination, body, headers))
 
     def flush(self) -> None:
@@ -229,8 +224,7 @@ class JmsWriter(IdempotentWriter):
         detection = self.sink.id_header == ARTEMIS_DUPLICATE_HEADER and client.is_artemis
         try:
             if detection and len(self.messages) > self.sink.id_cache_size:
-                raise ConfigError(
-                    CONNECTOR,
+                raise self.sink.options.error(
                     "duplicateIdCacheSize",
                     f"one task sends {len(self.messages)} messages, more than the broker's "
                     f"duplicate-ID cache ({self.sink.id_cache_size} per address), so a replay "

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from epochal_jms.client import CONNECTOR, BrokerConfig, StompClient, connect_checked
+from epochal_jms.client import BrokerConfig, StompClient, connect_checked
 from epochal_sdk import (
     AcknowledgingSource,
-    ConfigError,
     Guarantee,
     Message,
     Options,
@@ -93,15 +92,13 @@ class JmsSource(AcknowledgingSource):
     def check(self) -> None:
         """Fail on bad options and an unreachable broker (or a refused login)."""
         if self.subscription_name and not self.destination.startswith("/topic/"):
-            raise ConfigError(
-                CONNECTOR,
+            raise self.options.error(
                 "durableSubscription",
                 f"a durable subscription needs a topic, and {self.destination!r} is not one",
                 "Use a /topic/<name> destination, or drop the option to read a queue.",
             )
         if self.window_bytes == 0:
-            raise ConfigError(
-                CONNECTOR,
+            raise self.options.error(
                 "consumerWindowSize",
                 "0 would stop the broker from sending anything",
                 "Give a size in bytes, or -1 for no flow control (no bound on unacked messages).",

@@ -13,6 +13,7 @@ from epochal_sdk import (
     Options,
     PoisonRecordError,
     Prepared,
+    RecoveryScope,
     Schema,
     SchemaMismatchError,
     TaskContext,
@@ -122,8 +123,9 @@ class MapSink(TransactionalSink, IdempotentSink):
         """Drop a prepared transaction (idempotent)."""
         self.store.rollback_staged(prepared.transaction_id)
 
-    def in_doubt(self, prefix: str) -> list[Prepared]:
-        """Prepared, unsettled transactions whose id starts with ``prefix``."""
+    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+        """Prepared, unsettled transactions whose id starts with ``prefix`` (the staged
+        transactions of the map's file; the same for every scope)."""
         return [Prepared(t, self._data()) for t in self.store.in_doubt(prefix)]
 
     def close(self) -> None:

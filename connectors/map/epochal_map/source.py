@@ -11,11 +11,11 @@ import pyarrow as pa
 from epochal_map.store import Event, MapStore, MapTarget
 from epochal_sdk import (
     ConfigError,
+    DataGoneError,
     Guarantee,
     Offsets,
     Options,
     ReplayableSource,
-    SnapshotError,
     Split,
 )
 
@@ -101,11 +101,12 @@ class MapJournalSource(ReplayableSource):
             high = min(low + CHUNK_ROWS, end)
             events = self.store.journal_read(self.target.map, partition, low, high)
             if len(events) != high - low:
-                raise SnapshotError(
-                    f"map {self.target.map!r} in {self.target.path}: partition {partition} "
-                    f"holds {len(events)} of the events {low}..{high - 1} this batch must "
-                    "read again. The file was replaced or edited since the snapshot; restore "
-                    "it, or start the job afresh with a new checkpoint."
+                raise DataGoneError(
+                    "map",
+                    f"map {self.target.map!r} in {self.target.path}, partition {partition} "
+                    f"(it holds {len(events)} of the events {low}..{high - 1})",
+                    "the file was replaced or edited since the snapshot",
+                    "Restore it, or start the job afresh with a new checkpoint.",
                 )
             yield to_batch(partition, events)
 

@@ -342,7 +342,7 @@ class MapTarget:
         return cls(
             path=os.path.abspath(options.str("path", default).strip() or default),
             map=options.required("map", "Set .option('map', '<name>') to the map to use."),
-            partitions=options.int("partitions", 4, minimum=1) or 4,
+            partitions=options.int("partitions", 4, minimum=1),
         )
 
     @property

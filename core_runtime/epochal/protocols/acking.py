@@ -1,6 +1,8 @@
-"""The acknowledging-source protocol, in one place.
+"""The acknowledging-source protocol, in one place: exactly-once (:class:`AckProtocol`) and
+at-least-once (:class:`MemoryAcks`), the stored batches' keys and format, and the reading of
+a batch in a task (:func:`read_batch`). The Spark reader only calls these.
 
-For each batch the driver-side reader:
+Exactly-once, for each batch the driver-side reader:
 
 1. receives messages and drops those whose ID is already in a stored batch (redeliveries);
 2. stores the batch (messages and IDs) in the snapshot store *before* the batch is planned;
@@ -13,15 +15,21 @@ with their batch). The IDs of the last ``window_batches`` batches (at most ``win
 form the dedupe window; it is rebuilt from the store after a restart. A redelivered message
 older than the window is passed on and logged loudly, never dropped or passed silently.
 
+At-least-once, batches stay in the driver's memory and travel to the tasks inside the plan;
+a replay after a restart finds nothing, and the broker redelivers what was not acknowledged.
+
 Fencing (see :mod:`epochal.fence`): a stored batch is handed to Spark only if the fence still
-holds after it was stored, and acknowledgements are sent only after a fence check, so a
-driver that lost the job's lease neither plans nor acknowledges anything.
+holds after it was stored, and acknowledgements are sent only after a fence check (in both
+modes), so a driver that lost the job's lease neither plans nor acknowledges anything. Crash
+points: ``ack_source.after_store`` (exactly-once), ``ack_source.before_ack`` and
+``ack_source.after_ack`` (both modes).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,9 +74,21 @@ class AckState:
     pending: dict[int, list[str]] = field(default_factory=dict)
 
 
+def batch_key(source_id: str, seq: int) -> str:
+    """Where stored batch ``seq`` of source ``source_id`` lives in the snapshot store."""
+    return f"sources/{source_id}/batches/{seq:012d}"
+
+
+def _tuple(row: tuple[Any, ...] | dict[str, Any], names: list[str]) -> tuple[Any, ...]:
+    return tuple(row.get(n) for n in names) if isinstance(row, dict) else tuple(row)
+
+
 def encode_batch(messages: Sequence[Message], schema: pa.Schema) -> bytes:
-    """A stored batch: the rows in the source schema plus the message IDs, as Arrow IPC."""
-    columns = list(zip(*(m.row for m in messages), strict=True)) if messages else []
+    """A stored batch: the rows in the source schema plus the message IDs, as Arrow IPC.
+    Rows are tuples in schema order or dicts by column name."""
+    names = list(schema.names)
+    rows = [_tuple(m.row, names) for m in messages]
+    columns = list(zip(*rows, strict=True)) if messages else []
     arrays = [
         pa.array(list(columns[i]) if columns else [], type=schema.field(i).type)
         for i in range(len(schema))
@@ -88,8 +108,39 @@ def decode_batch(data: bytes) -> pa.RecordBatch:
     return ipc.open_stream(io.BytesIO(data)).read_all().combine_chunks().to_batches()[0]
 
 
-class AckProtocol:
-    """Ack-after-snapshot with dedupe for one acknowledging source of one job."""
+def read_batch(
+    store: SnapshotStore | None, source_id: str, seq: int, payload: bytes | None = None
+) -> pa.RecordBatch:
+    """The rows of batch ``seq`` as a task reads them (without the ID column): from the
+    ``payload`` the plan carried (at-least-once), else from the store (exactly-once: a replay
+    reads the same stored file)."""
+    if payload is None:
+        if store is None:
+            raise RuntimeError(f"batch {seq} of source {source_id} has neither store nor payload")
+        payload = store.read(batch_key(source_id, seq))
+    return decode_batch(payload).drop_columns([ID_COLUMN])
+
+
+class _Measured:
+    """What a protocol measured since the reader last reported (see :mod:`epochal.metrics`)."""
+
+    def __init__(self) -> None:
+        self.measured: dict[str, float] = {}
+
+    def _note(self, **values: float) -> None:
+        for key, value in values.items():
+            self.measured[key] = self.measured.get(key, 0.0) + float(value)
+
+    def drain_measured(self) -> dict[str, float]:
+        """What was measured since the last call (records, bytes, drops, acks, timings)."""
+        out, self.measured = self.measured, {}
+        return out
+
+
+class AckProtocol(_Measured):
+    """Ack-after-snapshot with dedupe for one acknowledging source of one job (exactly-once)."""
+
+    exactly_once = True
 
     def __init__(
         self,
@@ -103,6 +154,7 @@ class AckProtocol:
         step: Step | None = None,
         fence: FenceCheck | None = None,
     ) -> None:
+        super().__init__()
         self.store, self.source, self.source_id, self.schema = store, source, source_id, schema
         self.stats = DedupeStats(window_batches, window_ids)
         self.step = step or (lambda point, batch: None)
@@ -113,7 +165,7 @@ class AckProtocol:
     # -- keys -------------------------------------------------------------------------------
     def batch_key(self, seq: int) -> str:
         """Where stored batch ``seq`` lives."""
-        return f"sources/{self.source_id}/batches/{seq:012d}"
+        return batch_key(self.source_id, seq)
 
     def _acked_key(self) -> str:
         return f"sources/{self.source_id}/acked"
@@ -138,15 +190,29 @@ class AckProtocol:
         if self.state.last_stored > start_seq:
             return start_seq + 1  # left over from a run that crashed before planning it
         kept: list[Message] = []
+        dropped = self.stats.duplicates_dropped
+        outside = self.stats.redeliveries_outside_window
         while not kept:  # redeliveries alone are not "no new data": receive again
             received = self.source.receive(max_messages, timeout)
             if not received:
                 break
             kept = [m for m in received if not self._is_duplicate(m)]
+        self._note(
+            dedupe_dropped=self.stats.duplicates_dropped - dropped,
+            redeliveries_outside_window=self.stats.redeliveries_outside_window - outside,
+        )
         if not kept:
             return start_seq
         seq = start_seq + 1
-        self.store.write(self.batch_key(seq), encode_batch(kept, self.schema), count=len(kept))
+        data = encode_batch(kept, self.schema)
+        started = time.perf_counter()
+        self.store.write(self.batch_key(seq), data, count=len(kept))
+        self._note(
+            records_in=len(kept),
+            bytes_in=len(data),
+            store_seconds=time.perf_counter() - started,
+            store_seconds_count=1,
+        )
         self.fence(f"stored batch {seq}: handing it to Spark")
         for message in kept:
             self.state.window[message.id] = seq
@@ -180,8 +246,15 @@ class AckProtocol:
 
     def read(self, seq: int) -> pa.RecordBatch:
         """The rows of stored batch ``seq`` (without the ID column)."""
-        batch = decode_batch(self.store.read(self.batch_key(seq)))
-        return batch.drop_columns([ID_COLUMN])
+        return read_batch(self.store, self.source_id, seq)
+
+    def batches(self, start_seq: int, end_seq: int) -> list[int]:
+        """The stored batches a plan from ``start_seq`` (exclusive) to ``end_seq`` reads."""
+        return list(range(start_seq + 1, end_seq + 1))
+
+    def payload(self, seq: int) -> bytes | None:
+        """Nothing: tasks read stored batches from the store."""
+        return None
 
     # -- after the snapshot -----------------------------------------------------------------
     def commit(self, end_seq: int) -> int:
@@ -190,6 +263,7 @@ class AckProtocol:
         acked = 0
         self.step("ack_source.before_ack", end_seq)
         self.fence(f"acknowledging up to stored batch {end_seq}")
+        started = time.perf_counter()
         first = max(self.state.last_acked, 0) + 1
         for seq in range(first, end_seq + 1):
             if not self.store.exists(self.batch_key(seq)):
@@ -203,6 +277,8 @@ class AckProtocol:
             ids = self.state.pending.pop(seq)
             self.source.acknowledge(ids)
             acked += len(ids)
+        if acked:
+            self._note(acked=acked, ack_seconds=time.perf_counter() - started, ack_seconds_count=1)
         self.step("ack_source.after_ack", end_seq)
         if end_seq > self.state.last_acked:
             self.store.write_json(self._acked_key(), {"seq": end_seq})
@@ -228,3 +304,65 @@ class AckProtocol:
     def _refresh_stats(self) -> None:
         self.stats.ids_held = len(self.state.window)
         self.stats.oldest_batch = next(iter(self.state.window.values()), None)
+
+
+class MemoryAcks(_Measured):
+    """At-least-once acknowledgements for one acknowledging source: batches stay in memory,
+    travel to the tasks inside the plan, and are acknowledged once Spark committed them. A
+    replay after a restart finds nothing; the broker redelivers what was not acknowledged."""
+
+    exactly_once = False
+
+    def __init__(
+        self,
+        source: AcknowledgingSource,
+        schema: pa.Schema,
+        *,
+        step: Step | None = None,
+        fence: FenceCheck | None = None,
+    ) -> None:
+        super().__init__()
+        self.source, self.schema = source, schema
+        self.step = step or (lambda point, batch: None)
+        self.fence = fence or (lambda doing: None)
+        self.memory: dict[int, list[Message]] = {}
+        self.last_seq = 0
+
+    def next_batch(self, start_seq: int, max_messages: int, timeout: float) -> int:
+        """Receive the next batch after ``start_seq`` into memory; returns its sequence
+        number (or ``start_seq`` when nothing arrived)."""
+        messages = self.source.receive(max_messages, timeout)
+        if not messages:
+            return start_seq
+        self.last_seq = max(self.last_seq, start_seq) + 1
+        self.memory[self.last_seq] = messages
+        self._note(records_in=len(messages))
+        return self.last_seq
+
+    def batches(self, start_seq: int, end_seq: int) -> list[int]:
+        """The batches of a plan that this process still holds (none after a restart)."""
+        return [seq for seq in range(start_seq + 1, end_seq + 1) if seq in self.memory]
+
+    def payload(self, seq: int) -> bytes:
+        """Batch ``seq`` as the task reads it (rows and IDs, Arrow IPC)."""
+        data = encode_batch(self.memory[seq], self.schema)
+        self._note(bytes_in=len(data))
+        return data
+
+    def commit(self, end_seq: int) -> int:
+        """Spark committed the batches up to ``end_seq``: acknowledge what memory holds of
+        them (after a fence check). Returns how many IDs were acknowledged."""
+        done = sorted(s for s in self.memory if s <= end_seq)
+        self.step("ack_source.before_ack", end_seq)
+        if done:
+            self.fence(f"acknowledging up to batch {end_seq}")
+        started = time.perf_counter()
+        acked = 0
+        for seq in done:
+            ids = [m.id for m in self.memory.pop(seq)]
+            self.source.acknowledge(ids)
+            acked += len(ids)
+        if done:
+            self._note(acked=acked, ack_seconds=time.perf_counter() - started, ack_seconds_count=1)
+            self.step("ack_source.after_ack", end_seq)
+        return acked

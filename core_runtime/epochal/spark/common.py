@@ -3,29 +3,52 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.types import StructType
 
-from epochal import registry
+from epochal import metrics, registry
 from epochal.context import JobContext
-from epochal_sdk import Field, Guarantee, Options, Schema
+from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
 
 log = logging.getLogger("epochal.spark")
 
 
+@dataclass(frozen=True)
+class SparkTask:
+    """What Spark says about the running task (its local properties and ids)."""
+
+    batch: int | None
+    partition: int
+    attempt: int
+    query_id: str
+
+    @classmethod
+    def current(cls) -> SparkTask | None:
+        """The running task, or None outside a Spark task (on the driver)."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:
+            return None
+        batch = context.getLocalProperty("streaming.sql.batchId")
+        return cls(
+            batch=int(batch) if batch is not None else None,
+            partition=context.partitionId(),
+            attempt=context.attemptNumber(),
+            query_id=context.getLocalProperty("sql.streaming.queryId") or "",
+        )
+
+
 def task_batch_id() -> int | None:
     """The micro-batch id of the running Spark task (None outside a streaming task)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return None
-    value = context.getLocalProperty("streaming.sql.batchId")
-    return int(value) if value is not None else None
+    task = SparkTask.current()
+    return task.batch if task is not None else None
 
 
 def user_options(options: dict[str, str]) -> dict[str, str]:
@@ -35,6 +58,25 @@ def user_options(options: dict[str, str]) -> dict[str, str]:
         for k, v in options.items()
         if not k.lower().startswith("epochal.") and k.lower() not in registry.SPARK_OWN_OPTIONS
     }
+
+
+SECRET_WORDS = ("password", "secret", "token", "credential", "jaas", "private")
+"""Options whose name holds one of these are never written down (the snapshot store keeps a
+part's other options for operators' tools such as ``epochal in-doubt``)."""
+
+
+def recordable_options(options: dict[str, str]) -> dict[str, str]:
+    """The connector's options without secrets: options named like a secret are left out,
+    and a password inside a URL (``scheme://user:secret@host``) or a libpq string
+    (``password=...``) is removed from the value."""
+    out = {}
+    for key, value in user_options(options).items():
+        if any(word in key.lower() for word in SECRET_WORDS):
+            continue
+        value = re.sub(r"(://[^/:@\s]*):[^@/\s]*@", r"\1@", str(value))
+        value = re.sub(r"(?i)\s*\bpassword\s*=\s*('[^']*'|\S+)", "", value).strip()
+        out[key] = value
+    return out
 
 
 def sdk_schema(schema: StructType) -> Schema:
@@ -57,17 +99,68 @@ class Part:
         """For messages: ``connector 'map' (map-1a2b3c)``."""
         return f"connector {self.connector!r} ({self.part_id})"
 
-    def connector_options(self) -> Options:
-        """The options as the connector sees them."""
-        return Options(self.connector, user_options(self.options))
+    def connector_context(
+        self, batch: int | None = None, task: SparkTask | None = None
+    ) -> ConnectorContext:
+        """What a source or sink object of this part is told about where it runs: in a task
+        (``task``) its batch, partition and attempt; on the driver the ``batch`` a commit
+        works on (None while planning and recovering)."""
+        return ConnectorContext(
+            job=self.context.job,
+            part_id=self.part_id,
+            run=self.context.run,
+            query_id=task.query_id if task is not None else self.query_id(),
+            batch=task.batch if task is not None else batch,
+            partition=task.partition if task is not None else None,
+            attempt=task.attempt if task is not None else 0,
+            guarantee=self.guarantee,
+            metrics=Metrics(),
+        )
 
-    def build_source(self) -> Any:
-        """A fresh source object."""
-        return registry.connector(self.connector).source(self.connector_options())
+    def query_id(self) -> str:
+        """Spark's query id, on the driver: from the checkpoint's metadata when epochal knows
+        the checkpoint (a supervised run after its query started once), else ""."""
+        known = self.__dict__.get("_query_id", "")
+        location = self.context.checkpoint
+        if known or not location:
+            return known
+        try:
+            from epochal.store import Checkpoint
 
-    def build_sink(self) -> Any:
-        """A fresh sink object."""
-        return registry.connector(self.connector).sink(self.connector_options())
+            data = Checkpoint(location).read("metadata")
+            known = str(json.loads(data.decode()).get("id", "")) if data else ""
+        except Exception:  # the id is informative: never fail a step over it
+            return ""
+        self.__dict__["_query_id"] = known
+        return known
+
+    def connector_options(self, context: ConnectorContext | None = None) -> Options:
+        """The options as the connector sees them, with its context."""
+        return Options(
+            self.connector, user_options(self.options), context or self.connector_context()
+        )
+
+    def build_source(self, context: ConnectorContext | None = None) -> Any:
+        """A fresh source object (with ``context``, else a driver-side one)."""
+        return registry.connector(self.connector).source(self.connector_options(context))
+
+    def build_sink(self, context: ConnectorContext | None = None) -> Any:
+        """A fresh sink object (with ``context``, else a driver-side one)."""
+        return registry.connector(self.connector).sink(self.connector_options(context))
+
+    def report(
+        self, kind: str, batch: int | None, values: dict[str, float], *, task_side: bool = False
+    ) -> None:
+        """Leave what a step of this part measured for the job's metrics (best effort)."""
+        metrics.report(
+            self.context.job_dir,
+            kind,
+            self.part_id,
+            self.connector,
+            batch,
+            values,
+            task_side=task_side,
+        )
 
     def record(self, kind: str, extra: dict[str, Any]) -> None:
         """Note the part and its effective guarantee in the job's store (for status)."""

@@ -17,18 +17,10 @@ from pyspark.sql.types import StructType
 from epochal import guarantee as guarantees
 from epochal import registry
 from epochal.context import JobContext
-from epochal.spark.common import Part, sdk_schema
-from epochal.spark.sinks import IdempotentWriterAdapter, TransactionalWriter, two_phase
+from epochal.spark.common import Part, recordable_options, sdk_schema
+from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
-from epochal_sdk import (
-    AcknowledgingSource,
-    ConfigError,
-    IdempotentSink,
-    ReplayableSource,
-    Sink,
-    Source,
-    TransactionalSink,
-)
+from epochal_sdk import AcknowledgingSource, ReplayableSource, Sink, Source
 from epochal_sdk.errors import STARTING_ENV
 
 if TYPE_CHECKING:
@@ -86,7 +78,13 @@ class EpochalDataSource(DataSource):
                 )
             finally:
                 source.close()
-        part.record("source", {"contract": type(source).__mro__[1].__name__})
+        part.record(
+            "source",
+            {
+                "contract": type(source).__mro__[1].__name__,
+                "options": recordable_options(self.options),
+            },
+        )
         if isinstance(source, ReplayableSource):
             return ReplayableReader(part, schema)
         if isinstance(source, AcknowledgingSource):
@@ -100,7 +98,7 @@ class EpochalDataSource(DataSource):
         with _job_start_checks(self.context, first_plan):
             sink = part.build_sink()
             try:
-                mode = _sink_mode(part, sink)
+                contract = contract_of(part, sink)
                 part.guarantee = guarantees.effective(
                     self.context.guarantee,
                     sink.max_guarantee(),
@@ -112,20 +110,21 @@ class EpochalDataSource(DataSource):
                 if first_plan:
                     _trace(part, f"planning {part.label} (run {part.context.run})")
                     sink.check(fields)
-                    part.record("sink", {"contract": mode})
-                    if mode == "transactional":
-                        report = two_phase(part, sink).recover()
+                    part.record(
+                        "sink",
+                        {"contract": contract.name, "options": recordable_options(self.options)},
+                    )
+                    done = contract.start_run(part, sink)
+                    if done:
                         _trace(
                             part,
                             f"{part.label}: recovery at the start of run {part.context.run}: "
-                            f"{report} {report.rolled_back}",
+                            f"{done}",
                         )
                     _mark_planned(part)
             finally:
                 sink.close()
-        if mode == "transactional":
-            return TransactionalWriter(part, fields)
-        return IdempotentWriterAdapter(part, fields)
+        return contract.writer(part, fields)
 
 
 @contextlib.contextmanager
@@ -179,25 +178,6 @@ def _trace(part: Part, message: str) -> None:
     os.makedirs(f"{directory}/logs", exist_ok=True)
     with open(f"{directory}/logs/protocol.log", "a") as fh:
         fh.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {message}\n")
-
-
-def _sink_mode(part: Part, sink: Sink) -> str:
-    if not isinstance(sink, TransactionalSink | IdempotentSink):
-        raise TypeError(f"{part.label}: {type(sink).__name__} implements no sink contract")
-    mode = sink.sink_mode()
-    supported = [
-        name
-        for name, contract in (("transactional", TransactionalSink), ("idempotent", IdempotentSink))
-        if isinstance(sink, contract)
-    ]
-    if mode not in supported:
-        raise ConfigError(
-            part.connector,
-            "mode",
-            f"{mode!r} is not a contract {type(sink).__name__} implements",
-            f"Use one of: {', '.join(supported)}.",
-        )
-    return mode
 
 
 def _planning_worker() -> bool:

@@ -1,27 +1,36 @@
-"""Stream writers for transactional and idempotent sinks."""
+"""Stream writers for transactional and idempotent sinks, and the one place that wires each
+sink contract to the runtime (:data:`CONTRACTS`: which writer Spark gets, what runs at the
+start of a run)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext as SparkTaskContext
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
 
+from epochal import metrics
 from epochal.protocols import keys
+from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.spark.common import Part, protocol_step
+from epochal.spark.common import Part, SparkTask, protocol_step
 from epochal_sdk import (
+    ConfigError,
+    ConnectorContext,
     Guarantee,
     IdempotentSink,
     Prepared,
     Schema,
+    Sink,
     TaskContext,
     TransactionalSink,
-    transaction_prefix,
 )
 
 log = logging.getLogger("epochal.sink")
@@ -32,45 +41,83 @@ KEEP_BATCHES = 100
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
-    """What a task reports to the driver."""
+    """What a task reports to the driver: its prepared transaction (exactly-once
+    transactional), and what it measured (records, bytes, timings, the connector's own
+    metrics)."""
 
     prepared: Prepared | None = None
     records: int = 0
     skipped: bool = False
+    bytes: int = 0
+    values: dict[str, float] = field(default_factory=dict)
 
 
-def _task(part: Part, schema: Schema) -> TaskContext:
-    spark_task = SparkTaskContext.get()
-    batch = spark_task.getLocalProperty("streaming.sql.batchId") if spark_task else None
-    return TaskContext(
+def _task(part: Part, schema: Schema) -> tuple[TaskContext, ConnectorContext]:
+    """The task's context as the sink sees it: its ``TaskContext`` and the context of the
+    sink object built for it (one metrics handle shared by both)."""
+    spark_task = SparkTask.current()
+    context = part.connector_context(task=spark_task)
+    task = TaskContext(
         job=part.context.job,
         sink_id=part.part_id,
-        batch_id=int(batch) if batch is not None else 0,
-        partition=spark_task.partitionId() if spark_task else 0,
-        attempt=spark_task.attemptNumber() if spark_task else 0,
+        batch_id=context.batch if context.batch is not None else 0,
+        partition=context.partition if context.partition is not None else 0,
+        attempt=context.attempt,
         schema=schema,
         run=part.context.run,
+        query_id=context.query_id,
+        metrics=context.metrics,
     )
+    return task, context
 
 
 def two_phase(part: Part, sink: TransactionalSink) -> TwoPhaseCommit:
-    """The 2PC driver for one sink of a job. Without a snapshot store (a query run outside
-    epochal at less than exactly-once) decisions live nowhere, so only stray roll-back works."""
+    """The 2PC driver for one sink of a job (its ``sink`` is the :class:`ScopedSink` that
+    hands each ``in_doubt`` its scope and counts what is settled). Without a snapshot store
+    (a query run outside epochal at less than exactly-once) decisions live nowhere, so only
+    stray roll-back works."""
     store = (
         part.context.store(part.connector)
         if part.context.job_dir or part.guarantee == Guarantee.EXACTLY_ONCE
         else None
     )
-    return TwoPhaseCommit(
+    protocol, _ = two_phase_commit(
         store,
         sink,
+        part.context.job,
         part.part_id,
-        transaction_prefix(part.context.job, part.part_id),
         run=part.context.run,
         step=part.context.reach,
         fence=part.context.check_fence,
         lease_epoch=part.context.lease_epoch,
     )
+    return protocol
+
+
+def _settled(protocol: TwoPhaseCommit) -> dict[str, float]:
+    """What the protocol's sink counted (in-doubt found, committed, rolled back)."""
+    scoped = protocol.sink
+    counts = scoped.drain() if isinstance(scoped, ScopedSink) else {}
+    counts.pop("commit_seconds", None)  # phase 2 is timed as a whole
+    return counts
+
+
+def _collected(messages: list[Any]) -> dict[str, float]:
+    """The tasks' measurements of one batch, summed."""
+    values = {"records_out": 0.0, "bytes_out": 0.0}
+    for message in messages:
+        if not isinstance(message, SinkCommitMessage):
+            continue
+        values["records_out"] += message.records
+        values["bytes_out"] += message.bytes
+        if message.skipped:
+            metrics.add(values, {"replays_skipped": 1})
+        metrics.add(values, message.values)
+    return values
+
+
+def _task_values(context: ConnectorContext, timings: dict[str, float]) -> dict[str, float]:
+    return metrics.add(timings, metrics.connector_values(context.metrics.drain()))
 
 
 class TransactionalWriter(DataSourceStreamArrowWriter):
@@ -81,37 +128,52 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        task = _task(self.part, self.schema)
+        task, context = _task(self.part, self.schema)
         with protocol_step(self.part, task.batch_id, f"task {task.partition} write+prepare"):
-            return self._write(task, iterator)
+            return self._write(task, context, iterator)
 
-    def _write(self, task: TaskContext, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        sink: TransactionalSink = self.part.build_sink()
+    def _write(
+        self, task: TaskContext, context: ConnectorContext, iterator: Iterator[pa.RecordBatch]
+    ) -> SinkCommitMessage:
+        sink: TransactionalSink = self.part.build_sink(context)
+        timings: dict[str, float] = {}
         try:
             exactly_once = self.part.guarantee == Guarantee.EXACTLY_ONCE
             if exactly_once and two_phase(self.part, sink).is_decided(task.batch_id):
                 for _ in iterator:  # replay of a decided batch: write nothing
                     pass
                 return SinkCommitMessage(skipped=True)
-            txn = sink.begin(task)
-            records = 0
-            try:
-                for batch in iterator:
-                    txn.write(batch)
-                    records += batch.num_rows
-                self.part.context.reach("sink.after_write", task.batch_id)
-                data = txn.prepare()
-            except BaseException:
-                txn.abort()
-                raise
-            finally:
-                txn.close()
+            records = size = 0
+            with metrics.timed(timings, "write"):
+                txn = sink.begin(task)
+                try:
+                    for batch in iterator:
+                        txn.write(batch)
+                        records += batch.num_rows
+                        size += batch.nbytes
+                    self.part.context.reach("sink.after_write", task.batch_id)
+                    with metrics.timed(timings, "prepare"):
+                        data = txn.prepare()
+                except BaseException:
+                    txn.abort()
+                    raise
+                finally:
+                    txn.close()
             prepared = Prepared(task.transaction_id, data)
             self.part.context.reach("sink.after_prepare", task.batch_id)
             if not exactly_once:  # at-least-once: commit at once, no decision
-                sink.commit(prepared)
-                return SinkCommitMessage(records=records)
-            return SinkCommitMessage(prepared=prepared, records=records)
+                with metrics.timed(timings, "commit"):
+                    sink.commit(prepared)
+                metrics.add(timings, {"committed": 1})
+                return SinkCommitMessage(
+                    records=records, bytes=size, values=_task_values(context, timings)
+                )
+            return SinkCommitMessage(
+                prepared=prepared,
+                records=records,
+                bytes=size,
+                values=_task_values(context, timings),
+            )
         finally:
             sink.close()
 
@@ -120,26 +182,37 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             self._commit(messages, batchId)
 
     def _commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
-        sink: TransactionalSink = self.part.build_sink()
+        context = self.part.connector_context(batch=batchId)
+        sink: TransactionalSink = self.part.build_sink(context)
+        values = _collected(messages)
         try:
             protocol = two_phase(self.part, sink)
             if self.part.guarantee == Guarantee.EXACTLY_ONCE:
-                protocol.commit_batch(batchId, [m.prepared for m in messages if m and m.prepared])
+                prepared = [m.prepared for m in messages if m and m.prepared]
+                with metrics.timed(values, "decide"):
+                    protocol.decide(batchId, prepared)
+                with metrics.timed(values, "commit"):
+                    protocol.complete(batchId)
                 if batchId % 10 == 0:
                     protocol.prune(batchId - KEEP_BATCHES)
             else:  # tasks committed their own transactions; drop those of dead attempts
                 protocol.rollback_strays(batchId)
+            metrics.add(values, _settled(protocol))
         finally:
             sink.close()
+            metrics.add(values, metrics.connector_values(context.metrics.drain()))
+            self.part.report("sink", batchId, values)
         self.part.context.reach("sink.after_commit", batchId)
 
     def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
         if self.part.guarantee != Guarantee.EXACTLY_ONCE:
             return
-        sink: TransactionalSink = self.part.build_sink()
+        sink: TransactionalSink = self.part.build_sink(self.part.connector_context(batch=batchId))
         try:
             prepared = [m.prepared for m in messages if m is not None]
-            two_phase(self.part, sink).abort_batch(batchId, prepared)
+            protocol = two_phase(self.part, sink)
+            protocol.abort_batch(batchId, prepared)
+            self.part.report("sink", batchId, _settled(protocol))
         finally:
             sink.close()
 
@@ -152,33 +225,41 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        task = _task(self.part, self.schema)
+        task, context = _task(self.part, self.schema)
         with protocol_step(self.part, task.batch_id, f"task {task.partition} upsert+flush"):
-            return self._write(task, iterator)
+            return self._write(task, context, iterator)
 
-    def _write(self, task: TaskContext, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        sink: IdempotentSink = self.part.build_sink()
+    def _write(
+        self, task: TaskContext, context: ConnectorContext, iterator: Iterator[pa.RecordBatch]
+    ) -> SinkCommitMessage:
+        sink: IdempotentSink = self.part.build_sink(context)
         digest = keys.KeyDigest()
         key_columns = sink.key_columns()
-        records = 0
+        records = size = 0
+        timings: dict[str, float] = {}
         try:
-            writer = sink.open(task)
-            try:
-                for batch in iterator:
-                    writer.write(batch)
-                    digest.add_batch(batch, key_columns)
-                    records += batch.num_rows
-                self.part.context.reach("sink.after_write", task.batch_id)
-                writer.flush()
-            finally:
-                writer.close()
+            with metrics.timed(timings, "write"):
+                writer = sink.open(task)
+                try:
+                    for batch in iterator:
+                        writer.write(batch)
+                        digest.add_batch(batch, key_columns)
+                        records += batch.num_rows
+                        size += batch.nbytes
+                    self.part.context.reach("sink.after_write", task.batch_id)
+                    with metrics.timed(timings, "flush"):
+                        writer.flush()
+                finally:
+                    writer.close()
             self.part.context.reach("sink.after_flush", task.batch_id)
             if self.part.context.job_dir and self.part.guarantee == Guarantee.EXACTLY_ONCE:
                 store = self.part.context.store(self.part.connector)
                 keys.check_and_record(
                     store, self.part.part_id, task.batch_id, task.partition, digest
                 )
-            return SinkCommitMessage(records=records)
+            return SinkCommitMessage(
+                records=records, bytes=size, values=_task_values(context, timings)
+            )
         finally:
             sink.close()
 
@@ -187,7 +268,61 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
             keys.prune(
                 self.part.context.store(self.part.connector), self.part.part_id, batchId - 10
             )
+        self.part.report("sink", batchId, _collected(messages))
         self.part.context.reach("sink.after_commit", batchId)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         log.warning("%s: batch %s aborted; upserts already written stay", self.part.label, batchId)
+
+
+# -- the wiring of each contract --------------------------------------------------------------
+@dataclass(frozen=True)
+class SinkContract:
+    """How the runtime drives one sink contract: the Spark writer of a query's sink, and
+    what happens once at the start of every run (after ``check``, before any task)."""
+
+    name: str
+    contract: type[Sink]
+    writer_class: type[DataSourceStreamWriter]
+
+    def writer(self, part: Part, fields: Schema) -> DataSourceStreamWriter:
+        """The writer Spark gets for this part."""
+        return self.writer_class(part, fields)  # type: ignore[call-arg]
+
+    def start_run(self, part: Part, sink: Sink) -> str:
+        """Recovery at the start of a run: a transactional sink finishes the decided batches
+        and rolls back every other in-doubt transaction of earlier runs (two-phase commit);
+        an idempotent sink has nothing to settle. Returns what was done, for the job's log."""
+        if self.name != "transactional":
+            return ""
+        assert isinstance(sink, TransactionalSink)
+        values: dict[str, float] = {}
+        protocol = two_phase(part, sink)
+        with metrics.timed(values, "recover"):
+            report = protocol.recover()
+        part.report("sink", None, metrics.add(values, _settled(protocol)))
+        return f"{report} {report.rolled_back}"
+
+
+CONTRACTS = {
+    "transactional": SinkContract("transactional", TransactionalSink, TransactionalWriter),
+    "idempotent": SinkContract("idempotent", IdempotentSink, IdempotentWriterAdapter),
+}
+"""Every sink contract by the name ``Sink.sink_mode()`` returns."""
+
+
+def contract_of(part: Part, sink: Sink) -> SinkContract:
+    """The contract the runtime drives for ``sink`` (its ``sink_mode()``); a clear error for a
+    sink that implements none, or names one it does not implement."""
+    supported = [c.name for c in CONTRACTS.values() if isinstance(sink, c.contract)]
+    if not supported:
+        raise TypeError(f"{part.label}: {type(sink).__name__} implements no sink contract")
+    mode = sink.sink_mode()
+    if mode not in supported:
+        raise ConfigError(
+            part.connector,
+            "mode",
+            f"{mode!r} is not a contract {type(sink).__name__} implements",
+            f"Use one of: {', '.join(supported)}.",
+        )
+    return CONTRACTS[mode]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -21,9 +19,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from epochal.protocols.acking import AckProtocol, encode_batch
-from epochal.spark.common import Part, protocol_step, task_batch_id
-from epochal_sdk import AcknowledgingSource, Guarantee, Message, ReplayableSource, Split
+from epochal import metrics
+from epochal.protocols.acking import AckProtocol, MemoryAcks, read_batch
+from epochal.spark.common import Part, SparkTask, protocol_step
+from epochal.store import Checkpoint
+from epochal_sdk import AcknowledgingSource, Guarantee, ReplayableSource, Split
 
 log = logging.getLogger("epochal.source")
 
@@ -68,8 +68,16 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        started = time.perf_counter()
         with protocol_step(self.part, None, "plan the next batch (latest offsets)"):
-            return self._latest(start, limit)
+            latest = self._latest(start, limit)
+        if latest != start:  # a batch will run: note how long planning it took
+            took = time.perf_counter() - started
+            values = {"plan_seconds": took, "plan_seconds_count": 1}
+            metrics.add(values, metrics.connector_values(self.source.context.metrics.drain()))
+            self.part.report("source", None, values)
+        self.part.context.reach("source.after_plan")
+        return latest
 
     def _latest(self, start: dict, limit: ReadLimit) -> dict:
         partitions = list(self._until) if self._until is not None else self.source.partitions()
@@ -83,7 +91,6 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = self.source.limit(begin, latest, limit.max_rows)
         for partition in new:  # a new partition joins the offsets at its start: it is read
             latest[partition] = begin[partition]  # from the next batch, the same on a replay
-        self.part.context.reach("source.after_plan")
         return latest
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -91,13 +98,30 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         split = partition.split  # type: ignore[attr-defined]
-        source = self.part.build_source()
+        task = SparkTask.current()
+        batch = task.batch if task is not None else None
+        source = self.part.build_source(self.part.connector_context(task=task))
+        names = tuple(self.schema.fieldNames())
+        values = {"records_in": 0.0, "bytes_in": 0.0}
         try:
-            with protocol_step(self.part, task_batch_id(), f"read partition {split.partition}"):
-                yield from source.read(split)
+            with (
+                protocol_step(self.part, batch, f"read partition {split.partition}"),
+                metrics.timed(values, "read"),
+            ):
+                for item in source.read(split):
+                    if isinstance(item, pa.RecordBatch):
+                        values["records_in"] += item.num_rows
+                        values["bytes_in"] += item.nbytes
+                    else:
+                        values["records_in"] += 1
+                        if isinstance(item, dict):  # a dict row: in the schema's column order
+                            item = tuple(item.get(name) for name in names)
+                    yield item
         finally:
             source.close()
-        self.part.context.reach("source.after_read", task_batch_id())
+        metrics.add(values, metrics.connector_values(source.context.metrics.drain()))
+        self.part.report("source", batch, values, task_side=True)
+        self.part.context.reach("source.after_read", batch)
 
     def commit(self, end: dict) -> None:
         self.part.context.reach("source.after_commit")
@@ -120,19 +144,18 @@ class StoredBatchPartition(InputPartition):
 class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """An :class:`AcknowledgingSource` as a Spark stream reader.
 
-    Offsets are ``{"seq": n}``: the number of the last stored batch. Exactly-once: batches are
-    stored before they are planned and acknowledged in ``commit`` (see
-    :mod:`epochal.protocols.acking`). At-least-once: batches stay in memory, a replay after a
-    restart gets nothing, and the broker redelivers what was not acknowledged.
+    Offsets are ``{"seq": n}``: the number of the last batch. The protocol, in both modes, is
+    :mod:`epochal.protocols.acking` (:class:`~epochal.protocols.acking.AckProtocol`
+    exactly-once, :class:`~epochal.protocols.acking.MemoryAcks` at-least-once); this class
+    only connects it to Spark's calls.
     """
 
     def __init__(self, part: Part, schema: StructType) -> None:
         self.part = part
         self.schema = schema
-        self._protocol: AckProtocol | None = None
+        self._acks: AckProtocol | MemoryAcks | None = None
         self._source: AcknowledgingSource | None = None
-        self._memory: dict[int, list[Message]] = {}
-        self._last_seq = 0
+        self._limits: tuple[int, float] | None = None
         self._commit_log: CommitLogCursor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,10 +166,12 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.part.guarantee == Guarantee.EXACTLY_ONCE
 
     def _options(self) -> tuple[int, float]:
-        opts = self.part.connector_options()
-        limit = opts.int("maxRecordsPerBatch", 10_000, minimum=1) or 10_000
-        timeout = opts.float("receiveTimeoutMs", 200.0, minimum=0.0) / 1000.0
-        return limit, timeout
+        if self._limits is None:
+            opts = self.part.connector_options()
+            limit = opts.int("maxRecordsPerBatch", 10_000, minimum=1)
+            timeout = opts.float("receiveTimeoutMs", 200.0, minimum=0.0) / 1000.0
+            self._limits = (limit, timeout)
+        return self._limits
 
     @property
     def source(self) -> AcknowledgingSource:
@@ -157,21 +182,35 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._source
 
     @property
-    def protocol(self) -> AckProtocol:
-        if self._protocol is None:
+    def acks(self) -> AckProtocol | MemoryAcks:
+        """The protocol of this source's mode."""
+        if self._acks is None:
+            arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            context = self.part.context
+            if not self.exactly_once:
+                self._acks = MemoryAcks(
+                    self.source, arrow_schema, step=context.reach, fence=context.check_fence
+                )
+                return self._acks
             opts = self.part.connector_options()
-            self._protocol = AckProtocol(
-                self.part.context.store(self.part.connector),
+            protocol = AckProtocol(
+                context.store(self.part.connector),
                 self.source,
                 self.part.part_id,
-                to_arrow_schema(self.schema, timezone="UTC"),
-                window_batches=opts.int("dedupeWindowBatches", 100, minimum=1) or 100,
-                window_ids=opts.int("dedupeWindowIds", 1_000_000, minimum=1) or 1_000_000,
-                step=self.part.context.reach,
-                fence=self.part.context.check_fence,
+                arrow_schema,
+                window_batches=opts.int("dedupeWindowBatches", 100, minimum=1),
+                window_ids=opts.int("dedupeWindowIds", 1_000_000, minimum=1),
+                step=context.reach,
+                fence=context.check_fence,
             )
-            log.info("%s: dedupe window %s", self.part.label, self._protocol.stats.as_dict())
-        return self._protocol
+            log.info("%s: dedupe window %s", self.part.label, protocol.stats.as_dict())
+            self._acks = protocol
+        return self._acks
+
+    @property
+    def protocol(self) -> AckProtocol | MemoryAcks:
+        """The protocol (the name of earlier versions)."""
+        return self.acks
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read until a receive comes back empty."""
@@ -193,15 +232,19 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_messages = limit.max_rows
         begin = int(start["seq"])
         self._settle(begin)
-        if self.exactly_once:
-            with protocol_step(self.part, None, f"receive + store batch {begin + 1}"):
-                return self._offset(self.protocol.next_batch(begin, max_messages, timeout))
-        messages = self.source.receive(max_messages, timeout)
-        if not messages:
-            return self._offset(begin)
-        self._last_seq = max(self._last_seq, begin) + 1
-        self._memory[self._last_seq] = messages
-        return self._offset(self._last_seq)
+        started = time.perf_counter()
+        with protocol_step(self.part, None, f"receive + store batch {begin + 1}"):
+            end = self.acks.next_batch(begin, max_messages, timeout)
+        if end != begin:
+            self._report({"plan_seconds": time.perf_counter() - started, "plan_seconds_count": 1})
+        return self._offset(end)
+
+    def _report(self, values: dict[str, float]) -> None:
+        """Leave what the protocol measured (and the connector counted) for the metrics."""
+        metrics.add(values, self.acks.drain_measured())
+        metrics.add(values, metrics.connector_values(self.source.context.metrics.drain()))
+        if any(values.values()):
+            self.part.report("source", None, values)
 
     def _settle(self, begin: int) -> None:
         """Acknowledge the batch that ends at ``begin`` if Spark's commit log has it.
@@ -220,47 +263,21 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.commit(self._offset(begin))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        seqs = range(int(start["seq"]) + 1, int(end["seq"]) + 1)
-        if self.exactly_once:
-            return [StoredBatchPartition(seq) for seq in seqs]
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         return [
-            StoredBatchPartition(seq, encode_batch(self._memory[seq], arrow_schema))
-            for seq in seqs
-            if seq in self._memory
+            StoredBatchPartition(seq, self.acks.payload(seq))
+            for seq in self.acks.batches(int(start["seq"]), int(end["seq"]))
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         seq = partition.seq  # type: ignore[attr-defined]
         payload = partition.payload  # type: ignore[attr-defined]
-        if payload is None:
-            from epochal.protocols.acking import ID_COLUMN, decode_batch
-
-            store = self.part.context.store(self.part.connector)
-            batch = decode_batch(store.read(f"sources/{self.part.part_id}/batches/{seq:012d}"))
-        else:
-            from epochal.protocols.acking import ID_COLUMN
-
-            batch = ipc.open_stream(io.BytesIO(payload)).read_all().to_batches()[0]
-        yield batch.drop_columns([ID_COLUMN])
+        store = self.part.context.store(self.part.connector) if payload is None else None
+        yield read_batch(store, self.part.part_id, seq, payload)
 
     def commit(self, end: dict) -> None:
         with protocol_step(self.part, None, f"acknowledge up to stored batch {end['seq']}"):
-            self._commit(end)
-
-    def _commit(self, end: dict) -> None:
-        seq = int(end["seq"])
-        if self.exactly_once:
-            self.protocol.commit(seq)
-            return
-        done = sorted(s for s in self._memory if s <= seq)
-        self.part.context.reach("ack_source.before_ack", seq)
-        if done:
-            self.part.context.check_fence(f"acknowledging up to batch {seq}")
-        for s in done:
-            self.source.acknowledge([m.id for m in self._memory.pop(s)])
-        if done:
-            self.part.context.reach("ack_source.after_ack", seq)
+            self.acks.commit(int(end["seq"]))
+        self._report({})
 
     def stop(self) -> None:
         if self._source is not None:
@@ -269,29 +286,27 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 class CommitLogCursor:
     """This source's offset in the newest batch of Spark's commit log, read from the run's
-    checkpoint. It lists the commit log once, then only looks for the next batch's entry,
-    so a ``latestOffset`` costs a stat, not a directory listing."""
+    checkpoint (on local disk or an object store). It lists the commit log once, then only
+    looks for the next batch's entry, so a ``latestOffset`` costs a stat (one HEAD request
+    on S3), not a directory listing."""
 
     def __init__(self, part: Part) -> None:
         self.part = part
         self.checkpoint = part.context.checkpoint
+        self.files = Checkpoint(self.checkpoint) if self.checkpoint else None
         self.batch: int | None = None
         self.offset: dict | None = None
 
     def latest(self) -> dict | None:
         """The offset of this source in the newest committed batch (None when unknown)."""
-        if not self.checkpoint or "://" in self.checkpoint:
+        if self.files is None:
             return None
-        commits = f"{self.checkpoint}/commits"
         if self.batch is None:
-            try:
-                batches = [int(n) for n in os.listdir(commits) if n.isdigit()]
-            except FileNotFoundError:
-                return None
+            batches = self.files.batches("commits")
             newest = max(batches) if batches else None
         else:
             newest = self.batch
-            while os.path.exists(f"{commits}/{newest + 1}"):
+            while self.files.exists(f"commits/{newest + 1}"):
                 newest += 1
         if newest is None or newest == self.batch:
             return self.offset
@@ -299,12 +314,11 @@ class CommitLogCursor:
         return self.offset
 
     def _offset_of(self, batch: int) -> dict | None:
-        try:
-            with open(f"{self.checkpoint}/offsets/{batch}") as fh:
-                lines = fh.read().splitlines()[2:]
-        except FileNotFoundError:
+        assert self.files is not None
+        data = self.files.read(f"offsets/{batch}")
+        if data is None:
             return None
-        for line in lines:
+        for line in data.decode(errors="replace").splitlines()[2:]:
             try:
                 offset = json.loads(line)
             except ValueError:

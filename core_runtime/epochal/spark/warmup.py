@@ -3,8 +3,10 @@ nothing outside the process, so a standby driver (or a driver that was just star
 the JVM's and PySpark's first-use costs before it is needed.
 
 It runs a Python streaming source and a Python streaming sink (planner workers, the source
-runner, the PySpark daemon and task workers, the commit worker, whole-stage codegen) through
-two micro-batches of an available-now query with its own throw-away checkpoint.
+runner, the PySpark daemon and task workers, the commit worker, whole-stage codegen), with a
+keyed stateful operator in between (the state store provider and its native library, pandas
+in the workers), through two micro-batches of an available-now query with its own throw-away
+checkpoint.
 """
 
 from __future__ import annotations
@@ -90,8 +92,10 @@ def warm_up(spark: Any) -> float:
     spark.dataSource.register(WarmupDataSource)
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
     try:
+        from epochal.testing.pipelines import running_totals
+
         frame = spark.readStream.format(FORMAT).load()
-        grouped = frame.selectExpr("id % 4 AS key", "value")
+        grouped = running_totals(frame, "id % 4")
         query = (
             grouped.writeStream.format(FORMAT)
             .option("checkpointLocation", checkpoint)

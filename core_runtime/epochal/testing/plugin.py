@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from epochal.drivers import DriverPool
+from epochal.drivers import DriverPool, use_pool
 from epochal.testing.kit import EXPECTED, ConformanceSuite, coverage_rows
 
 POOL_ENV = "EPOCHAL_KIT_POOL"
@@ -54,18 +54,21 @@ def pytest_collection_finish(session: Any) -> None:
                 EXPECTED.setdefault(row, "not run")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def epochal_driver_pool() -> Iterator[DriverPool | None]:
-    """Warm drivers shared by the session's scenarios: a scenario starts on a driver that
-    has its JVM, SparkSession and PySpark workers up, and a whole-driver kill is recovered on
-    the next warm one. Killing them is as real as killing a cold one."""
+    """Warm drivers shared by the session's jobs (every ``Job.submit`` of this process with
+    a local master): a job starts on a driver that has its JVM, SparkSession and PySpark
+    workers up, and a whole-driver kill is recovered on the next warm one. Killing them is
+    as real as killing a cold one."""
     if os.environ.get(POOL_ENV, "1") == "0":
         yield None
         return
-    pool = DriverPool(size=1)
+    pool = DriverPool(size=2)
+    use_pool(pool)
     try:
         yield pool
     finally:
+        use_pool(None)
         pool.close()
 
 

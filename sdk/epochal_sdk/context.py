@@ -1,0 +1,165 @@
+"""What the runtime tells a connector about where it runs, and where it counts things.
+
+Every source and sink object has a :class:`ConnectorContext` (``self.context``): the job, the
+part's id, the run, Spark's query id, and inside a task the batch, the Spark partition and
+the attempt. A connector never reads the runtime's environment or Spark's task context for
+these: the runtime builds the context and hands it over with the options.
+
+:class:`Metrics` is the context's metrics handle: what a connector counts there (rows it
+skipped, round trips, retries) shows up in the part's per-batch metrics next to what the
+runtime measures itself (records and bytes in and out, commit-phase latencies, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from epochal_sdk.guarantees import Guarantee
+from epochal_sdk.ids import transaction_prefix
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class Metrics:
+    """A connector's own counters and timings for one part (thread-safe, picklable).
+
+    Names are lowercase ``snake_case`` (``rows_skipped``, ``round_trips``); the runtime shows
+    them as ``epochal_connector_<name>`` (counters) and ``epochal_connector_<name>_seconds``
+    (timings), labelled with the job, the part and the connector. Values are summed per
+    batch: a counter counts, a timing adds up seconds and how many were taken.
+
+    Example::
+
+        self.context.metrics.count("rows_skipped", skipped)
+        with self.context.metrics.timer("flush"):
+            self._flush()
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {}
+
+    def count(self, name: str, value: float = 1) -> None:
+        """Add ``value`` to the counter ``name``."""
+        self._add(_checked(name), float(value))
+
+    def observe(self, name: str, seconds: float) -> None:
+        """Record one timing of ``name`` (seconds): its sum and its count grow."""
+        key = _checked(name)
+        self._add(f"{key}_seconds", float(seconds))
+        self._add(f"{key}_seconds_count", 1.0)
+
+    @contextlib.contextmanager
+    def timer(self, name: str) -> Iterator[None]:
+        """Time the block as one :meth:`observe` of ``name`` (also when it raises)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.observe(name, time.perf_counter() - started)
+
+    def values(self) -> dict[str, float]:
+        """What was recorded so far (a copy)."""
+        with self._lock:
+            return dict(self._values)
+
+    def drain(self) -> dict[str, float]:
+        """What was recorded so far, and start again from nothing (the runtime calls this
+        when it reports a batch)."""
+        with self._lock:
+            out, self._values = self._values, {}
+        return out
+
+    def _add(self, key: str, value: float) -> None:
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_values": self.values()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._lock = threading.Lock()
+        self._values = dict(state.get("_values", {}))
+
+    def __repr__(self) -> str:
+        return f"Metrics({self.values()!r})"
+
+
+def _checked(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(
+            f"metric name {name!r}: use lowercase letters, digits and '_', starting with a "
+            "letter (e.g. 'rows_skipped')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ConnectorContext:
+    """Where a source or sink object runs; ``self.context`` of every source and sink.
+
+    Outside a job (a script or a unit test that builds a source by hand) every field has its
+    default: job ``default``, run 0, no query, no batch.
+
+    Attributes:
+        job: the job's name.
+        part_id: this source's or sink's id in the job (``epochal.id``, else the connector
+            name and a hash of its options): it names the part's snapshot entries and is in
+            its transaction ids.
+        run: the job run; it grows at every query start (cold, in place, standby).
+        query_id: Spark's streaming query id: the same across the runs of one checkpoint,
+            new when a job starts over with a fresh checkpoint ("" when it is not known, e.g.
+            while a query is planned for the first time).
+        batch: the micro-batch (snapshot epoch) a task or a commit works on; None while
+            planning and recovering.
+        partition: the Spark partition of a task; None on the driver.
+        attempt: the task attempt (0 for the first); 0 on the driver.
+        guarantee: the part's effective guarantee (the job's, lowered by options and by what
+            the connector said it can give); exactly-once before it is known.
+        metrics: where the connector counts its own things (see :class:`Metrics`).
+    """
+
+    job: str = "default"
+    part_id: str = ""
+    run: int = 0
+    query_id: str = ""
+    batch: int | None = None
+    partition: int | None = None
+    attempt: int = 0
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    metrics: Metrics = field(default_factory=Metrics, compare=False, repr=False)
+
+    @property
+    def in_task(self) -> bool:
+        """Whether this object runs in a Spark task (an executor), not on the driver."""
+        return self.partition is not None
+
+    @property
+    def transaction_prefix(self) -> str:
+        """The prefix of every transaction id of this part (``ep.<job>.<part id>``)."""
+        return transaction_prefix(self.job, self.part_id)
+
+
+def context_property(doc: str) -> Any:
+    """The ``context`` property of sources and sinks: the context the runtime handed over
+    with the options. A connector class that sets its own ``self.context`` (written before
+    this property existed) keeps its value."""
+
+    def get(self: Any) -> Any:
+        own = self.__dict__.get("_own_context")
+        if own is not None:
+            return own
+        options = self.__dict__.get("options")
+        found = getattr(options, "context", None)
+        return found if found is not None else ConnectorContext()
+
+    def put(self: Any, value: Any) -> None:
+        self.__dict__["_own_context"] = value
+
+    return property(get, put, doc=doc)

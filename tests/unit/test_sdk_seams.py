@@ -1,0 +1,282 @@
+"""The SDK's seams: the connector context, the metrics handle, the id types and the recovery
+scope, public option errors, DDL helpers, the data-gone error, one-line registration, and
+the deprecated names that keep older connectors working."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Sequence
+
+import pluggy
+import pytest
+
+from epochal import registry
+from epochal.protocols.transactions import ScopedSink, call_in_doubt, in_doubt
+from epochal_map import MapConnector
+from epochal_sdk import (
+    ConfigError,
+    Connector,
+    ConnectorContext,
+    DataGoneError,
+    Field,
+    IdempotentSink,
+    Metrics,
+    Offsets,
+    Options,
+    Prepared,
+    RecordId,
+    RecoveryScope,
+    ReplayableSource,
+    SnapshotError,
+    Split,
+    TaskContext,
+    Transaction,
+    TransactionalSink,
+    TransactionId,
+    WriterId,
+    column_names,
+    parse_ddl,
+    row_of,
+    transaction_prefix,
+)
+from epochal_sdk import hookspecs as specs
+from epochal_sdk.sinks import TransactionId as TransactionIdFromSinks
+from epochal_sdk.sinks import batch_of as batch_of_from_sinks
+
+SCHEMA = (Field("key", "string"), Field("value", "string"))
+
+
+class Lines(ReplayableSource):
+    """A tiny source: one partition of numbered lines."""
+
+    def schema(self) -> str:
+        return "n bigint, line string"
+
+    def partitions(self) -> list[str]:
+        return ["0"]
+
+    def initial_offsets(self, partitions: Sequence[str]) -> Offsets:
+        return dict.fromkeys(partitions, 0)
+
+    def latest_offsets(self, partitions: Sequence[str]) -> Offsets:
+        return dict.fromkeys(partitions, 3)
+
+    def read(self, split: Split) -> list[dict[str, object]]:  # type: ignore[override]
+        return [{"line": f"l{n}", "n": n} for n in range(split.start, split.end)]
+
+
+# -- the context --------------------------------------------------------------------------------
+def test_a_source_sees_the_context_its_options_carry() -> None:
+    context = ConnectorContext(job="j", part_id="lines-1", run=3, query_id="q", batch=7)
+    source = Lines(Options("lines", {}, context))
+    assert source.context is context
+    assert source.context.transaction_prefix == "ep.j.lines-1"
+    assert not source.context.in_task
+    assert ConnectorContext(partition=0).in_task
+
+
+def test_outside_a_job_every_object_has_its_own_default_context() -> None:
+    first, second = Lines(Options("lines", {})), Lines(Options("lines", {}))
+    assert first.context == ConnectorContext()
+    first.context.metrics.count("rows")
+    assert second.context.metrics.values() == {}
+
+
+def test_a_connector_that_sets_its_own_context_attribute_keeps_it() -> None:
+    source = Lines(Options("lines", {}))
+    source.context = "mine"  # type: ignore[assignment]  # written before the property existed
+    assert source.context == "mine"
+
+
+def test_the_context_survives_pickling_with_its_options() -> None:
+    context = ConnectorContext(job="j", part_id="p", batch=1, partition=2, attempt=1)
+    context.metrics.count("rows", 2)
+    copy = pickle.loads(pickle.dumps(Options("x", {"a": "1"}, context)))
+    assert copy.context == context
+    assert copy.context.metrics.values() == {"rows": 2.0}
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def test_metrics_count_time_and_drain() -> None:
+    metrics = Metrics()
+    metrics.count("rows_skipped")
+    metrics.count("rows_skipped", 4)
+    metrics.observe("flush", 0.5)
+    with metrics.timer("flush"):
+        pass
+    values = metrics.drain()
+    assert values["rows_skipped"] == 5.0
+    assert values["flush_seconds_count"] == 2.0
+    assert 0.5 <= values["flush_seconds"] < 1.0
+    assert metrics.values() == {}
+
+
+@pytest.mark.parametrize("bad", ["Rows", "rows-skipped", "1rows", "", "rows skipped"])
+def test_metric_names_are_snake_case(bad: str) -> None:
+    with pytest.raises(ValueError, match="lowercase letters"):
+        Metrics().count(bad)
+
+
+# -- ids ----------------------------------------------------------------------------------------
+def test_transaction_ids_round_trip_and_name_job_and_sink() -> None:
+    task = TaskContext("job-1", "jdbc-ab12", 5, 2, 1, SCHEMA, run=4)
+    txn = TransactionId.parse(task.transaction_id)
+    assert txn == task.txn == TransactionId("ep.job-1.jdbc-ab12", 5, 2, 4, 1)
+    assert (txn.job, txn.sink_id) == ("job-1", "jdbc-ab12")
+    assert TransactionId("x.y", 1, 2, 3, 4).job is None
+    assert TransactionIdFromSinks is TransactionId  # the first import path still works
+    assert batch_of_from_sinks(task.transaction_id) == 5
+
+
+def test_writer_ids_are_stable_across_batches_runs_and_attempts() -> None:
+    a = TaskContext("j", "kafka-1", 5, 2, 0, SCHEMA, run=1).writer_id
+    b = TaskContext("j", "kafka-1", 9, 2, 3, SCHEMA, run=7).writer_id
+    assert a == b and str(a) == "ep.j.kafka-1.2"
+    assert WriterId.parse("ep.j.kafka-1.2", "ep.j.kafka-1") == a
+    assert WriterId.parse("ep.j.kafka-12.2", "ep.j.kafka-1") is None
+    assert WriterId.parse("ep.j.kafka-1.x", "ep.j.kafka-1") is None
+
+
+def test_record_ids_keep_the_format_the_jms_sink_always_sent() -> None:
+    task = TaskContext("j", "jms-1", 5, 2, attempt=3, schema=SCHEMA, run=9)
+    assert task.record_id(17) == "j.jms-1.5.2.17" == str(RecordId("j", "jms-1", 5, 2, 17))
+
+
+def test_a_recovery_scope_says_what_a_look_up_is_for() -> None:
+    prefix = transaction_prefix("j", "s")
+    recovery = RecoveryScope(prefix, run=3)
+    assert recovery.recovery and recovery.head == "ep.j.s."
+    one = RecoveryScope(prefix, "batch", 4, run=3)
+    assert not one.recovery and one.head == "ep.j.s.4."
+    assert one.matches("ep.j.s.4.0.3.0") and not one.matches("ep.j.s.5.0.3.0")
+    assert not recovery.matches("ep.j.s2.4.0.3.0")  # another sink, same start
+    assert not RecoveryScope(prefix, "inspect").recovery
+
+
+class _Old(TransactionalSink):
+    """A sink written before the scope existed: ``in_doubt(prefix)``."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(Options("old"))
+        self.ids, self.asked, self.rolled = ids, [], []
+
+    def begin(self, task: TaskContext) -> Transaction:
+        raise NotImplementedError
+
+    def commit(self, prepared: Prepared) -> None:
+        pass
+
+    def rollback(self, prepared: Prepared) -> None:
+        self.rolled.append(prepared.transaction_id)
+
+    def in_doubt(self, prefix: str) -> list[Prepared]:  # type: ignore[override]
+        self.asked.append(prefix)
+        return [Prepared(i) for i in self.ids if i.startswith(prefix)]
+
+
+class _New(_Old):
+    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+        self.asked.append((prefix, scope))
+        return [Prepared(i) for i in self.ids if i.startswith(prefix)]
+
+
+def test_sinks_without_the_scope_are_still_called_with_a_deprecation_warning() -> None:
+    old = _Old(["ep.j.s.1.0.1.0", "ep.j.s2.1.0.1.0"])
+    scope = RecoveryScope("ep.j.s", run=2)
+    with pytest.warns(DeprecationWarning, match="takes no scope"):
+        found = in_doubt(old, scope)
+    assert [p.transaction_id for p in found] == ["ep.j.s.1.0.1.0"]
+    assert old.asked == ["ep.j.s."]
+
+
+def test_sinks_with_the_scope_get_it_and_no_warning() -> None:
+    new = _New(["ep.j.s.1.0.1.0"])
+    scope = RecoveryScope("ep.j.s", "batch", 1, run=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(call_in_doubt(new, scope.head, scope)) == 1
+    assert new.asked == [("ep.j.s.1.", scope)]
+
+
+def test_the_protocol_side_tells_recovery_from_one_batch_and_counts() -> None:
+    new = _New(["ep.j.s.1.0.1.0", "ep.j.s.2.0.1.0"])
+    scoped = ScopedSink(new, "ep.j.s", run=2)
+    assert len(scoped.in_doubt("ep.j.s.")) == 2
+    assert len(scoped.in_doubt("ep.j.s.1.")) == 1
+    assert [scope for _, scope in new.asked] == [
+        RecoveryScope("ep.j.s", "recovery", None, 2),
+        RecoveryScope("ep.j.s", "batch", 1, 2),
+    ]
+    scoped.rollback(Prepared("ep.j.s.2.0.1.0"))
+    assert scoped.drain() == {"in_doubt": 3.0, "rolled_back": 1.0}
+
+
+# -- options, schema, errors ---------------------------------------------------------------------
+def test_options_error_is_public_and_the_old_name_warns() -> None:
+    options = Options("mine", {"a": "1"})
+    error = options.error("a", "is odd", "Give an even number.")
+    assert isinstance(error, ConfigError)
+    assert str(error) == "mine: option 'a': is odd. Give an even number."
+    with pytest.warns(DeprecationWarning, match="Options.error"):
+        assert str(options._error("a", "x", "y")) == str(options.error("a", "x", "y"))
+
+
+def test_int_with_a_default_is_an_int() -> None:
+    options = Options("mine", {"n": "3", "blank": " "})
+    assert options.int("n", 1) + 1 == 4
+    assert options.int("missing", 10) == 10
+    assert options.int("blank", 5) == 5
+    assert options.int("missing", None) is None
+
+
+def test_ddl_to_columns_and_rows() -> None:
+    ddl = "id bigint, `odd name` map<string, int> NOT NULL, d decimal(10,2) COMMENT 'a, b'"
+    assert parse_ddl(ddl) == (
+        Field("id", "bigint"),
+        Field("odd name", "map<string,int>", nullable=False),
+        Field("d", "decimal(10,2)"),
+    )
+    assert column_names("key string, value string") == ("key", "value")
+    assert row_of({"value": "v", "key": "k"}, ("key", "value", "missing")) == ("k", "v", None)
+    assert Lines(Options("lines")).columns() == ("n", "line")
+    with pytest.raises(ValueError, match="is not '<name> <type>'"):
+        parse_ddl("id")
+
+
+def test_data_gone_is_a_snapshot_error_with_a_message_that_says_what_to_do() -> None:
+    error = DataGoneError("lines", "partition 0, offsets 3..9", "retention", "Restore it.")
+    assert isinstance(error, SnapshotError)
+    assert str(error) == (
+        "lines: the data of partition 0, offsets 3..9 is gone (retention). Restore it."
+    )
+    assert str(DataGoneError("one ready message")) == "one ready message"
+
+
+# -- registration -------------------------------------------------------------------------------
+class LinesConnector(Connector):
+    name = "lines"
+    source_class = Lines
+
+
+def test_a_connector_class_named_by_an_entry_point_registers_itself() -> None:
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+    manager.register(LinesConnector, name="lines")  # what entry_point.load() gives
+    manager.register(MapConnector, name="map")
+    found = registry.connectors(manager)
+    assert found == {"lines": LinesConnector, "map": MapConnector}
+    assert LinesConnector.contracts() == ["ReplayableSource"]
+
+
+def test_a_plugin_module_that_imports_connector_classes_registers_each_once() -> None:
+    import epochal_map.plugin as module
+
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+    manager.register(module, name="map")
+    assert registry.connectors(manager) == {"map": MapConnector}
+
+
+def test_idempotent_only_sinks_need_not_know_the_scope() -> None:
+    assert not issubclass(IdempotentSink, TransactionalSink)
