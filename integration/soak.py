@@ -124,7 +124,10 @@ class Producer:
             producer.begin_transaction()
             for i in ids:
                 producer.produce(
-                    self.topic, f"p{i}".encode(), str(i).encode(), partition=i % self.partitions
+                    self.topic,
+                    value=str(i).encode(),
+                    key=f"p{i}".encode(),
+                    partition=i % self.partitions,
                 )
             while True:
                 try:
@@ -164,9 +167,7 @@ class Soak:
         self.postgres = start_postgres()
         self.topic = f"soak-{uuid.uuid4().hex[:8]}"
         self.kafka.create_topic(self.topic, partitions=self.args.partitions)
-        self.dsn = self.postgres.dsn_for(
-            self.postgres.create_database(f"soak_{uuid.uuid4().hex[:8]}")
-        )
+        self.dsn = self.postgres.create_database(f"soak_{uuid.uuid4().hex[:8]}")
 
     def env(self) -> dict[str, str]:
         spec = {
@@ -238,8 +239,14 @@ class Soak:
         return JobDirectory(self.snapshots, JOB).load()
 
     def committed_after(self, moment: float) -> float | None:
-        """When the first batch committed after ``moment`` was (None: none yet)."""
-        progress = self.record().progress
+        """When the first batch committed after ``moment`` was (None: none yet, or the
+        supervisor has not submitted the job yet)."""
+        from epochal.jobs import JobError
+
+        try:
+            progress = self.record().progress
+        except JobError:
+            return None
         at = float(progress.get("at", 0.0))
         return at if at > moment else None
 

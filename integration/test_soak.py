@@ -29,7 +29,7 @@ def test_a_small_soak_loses_and_duplicates_nothing(tmp_path) -> None:
             "--rate",
             "100",
             "--per-batch",
-            "200",
+            "1000",
             "--min-gap",
             "1",
             "--max-gap",

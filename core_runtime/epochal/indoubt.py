@@ -247,6 +247,8 @@ def sinks_of(
                 sink_id, connector, _build(connector, sink_id, jobdir.name, options)
             )
         probe.close()
+        if not ids:  # the connector's sinks of this job have nothing in doubt
+            return [found[k] for k in sorted(found)]
     if not found:
         hint = (
             ""

@@ -212,6 +212,8 @@ def test_connector_and_plugin() -> None:
     manager.register(map_plugin)
     manager.hook.register_connectors(register=found.append)
     assert found == [MapConnector]
+    # the entry point names the connector class (it registers itself); the plugin module of
+    # earlier versions still registers it, for plugin lists that name the module
     assert [e.value for e in entry_points(group="epochal") if e.name == "map"] == [
-        "epochal_map.plugin"
+        "epochal_map.connector:MapConnector"
     ]
