@@ -138,7 +138,7 @@ KINDS: tuple[FailureKind, ...] = (
         ("QuorumNotMet",),
         Failure.RESTARTABLE,
         False,
-        "tests/spark/test_jobs.py (split-brain quorum)",
+        "integration/cluster/test_cluster_jobs.py (a restart on half the cluster)",
     ),
     FailureKind(
         "two drivers wrote the same checkpoint (only a zombie can cause it)",
