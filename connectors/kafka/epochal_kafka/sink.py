@@ -311,17 +311,6 @@ MARKERS = MarkerReaders()
 """This Python worker's marker consumers."""
 
 
-def _query_id() -> str:
-    """The Spark query id of the running task ('' outside Spark). It tells a marker of this
-    query from one left by an earlier query (a job restarted with a fresh checkpoint)."""
-    try:
-        from pyspark import TaskContext as SparkTaskContext
-    except ImportError:  # pragma: no cover - pyspark is there whenever Spark runs us
-        return ""
-    task = SparkTaskContext.get()
-    return (task.getLocalProperty("sql.streaming.queryId") or "") if task else ""
-
-
 class KafkaSink(TransactionalSink, IdempotentSink):
     """Writes rows to Kafka: column ``value`` (string/binary, required), optional ``key``,
     ``topic`` (per-record topic), ``partition`` and ``headers``
@@ -671,7 +660,9 @@ class KafkaTransaction(_Producing, Transaction):
         super().__init__(sink)
         self.task = task
         self.transactional_id = sink.transactional_id(task)
-        self.query_id = _query_id()
+        self.query_id = task.query_id
+        """Spark's query id (from the runtime's task context): it tells a marker of this query
+        from one left by an earlier query (a job restarted with a fresh checkpoint)."""
         self.pool = sink.pool
         self.held: PooledProducer | None = None
         self.reused = False
