@@ -4,9 +4,10 @@ the size of its keyed state.
     python -m integration.bench.recovery [--sizes 1,100,1000] [--repeats 3] [--plot PATH]
 
 A job keeps a running count per key in Spark state (RocksDB state store), each key's state
-padded to give the state size wanted (about 1 MB, 100 MB, 1 GB), reads a journal (the map
-connector) that a producer appends to all the time, and writes each key's count to the map
-sink (exactly-once, upserts). For each state size it is killed, repeatedly, three ways:
+padded with incompressible characters to give the state size wanted (about 1 MB, 100 MB,
+1 GB), reads a journal (the map connector) that a producer appends to all the time, and
+writes each key's count to the map sink (exactly-once, upserts). For each state size it is
+killed, repeatedly, three ways:
 
 ``cold``      the whole driver run and the warm standby are killed: the supervisor starts a
               new driver process (JVM, SparkSession, connectors, state load from the
@@ -41,12 +42,23 @@ SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
 
 
+def incompressible(size: int) -> str:
+    """``size`` characters that RocksDB's block compression cannot shrink much (random
+    letters and digits, the same on every run): a padding of one repeated character would
+    compress to almost nothing, and the state on disk would not have the size asked for."""
+    import random
+    import string
+
+    letters = string.ascii_letters + string.digits
+    return "".join(random.Random(size).choices(letters, k=size))
+
+
 def pipeline(spark: Any) -> Any:
     """journal (key, value) → count per key, state padded to the wanted size → map sink."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     spec = json.loads(os.environ[SPEC_ENV])
-    pad = "x" * int(spec["pad"])
+    pad = incompressible(int(spec["pad"]))
 
     def update(key: tuple[str], frames: Any, state: Any) -> Any:
         import pandas as pd
