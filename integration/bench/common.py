@@ -37,6 +37,32 @@ class Result:
         return sum(rows[1:]) / (sum(ms[1:]) / 1000) if sum(ms[1:]) else 0.0
 
 
+def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
+    """The one SparkSession of a benchmark run (``local[2]``, quiet, ``conf`` added) with
+    epochal's ``connectors`` registered; Python workers run this interpreter."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from epochal.spark.datasource import register
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark, connectors)
+    return spark
+
+
 def run_available_now(reader: Any, fmt: str, options: dict[str, str], checkpoint: str) -> list:
     """Run one ``Trigger.AvailableNow`` query to its end and return the progress reports of
     its batches that had data (the figures come from Spark's own ``triggerExecution``)."""

@@ -20,7 +20,6 @@ query start-up excluded). The broker comes from the harness.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 from epochal_jms.client import BrokerConfig, StompClient
 from epochal_jms.testing import browse, url_of
 
-from integration.bench.common import Result, run_available_now
+from integration.bench.common import Result, bench_session, run_available_now
 from integration.bench.kafka_bench import machine
 
 
@@ -119,22 +118,9 @@ def spark_variants(
     config: BrokerConfig, records: int, batch: int, body: int, workdir: str
 ) -> list[Result]:
     """The four epochal variants in one session."""
-    from pyspark.sql import SparkSession
-
-    from epochal.spark.datasource import register
     from epochal_map.store import MapStore
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("epochal-jms-bench")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark, ["jms", "map"])
+    spark = bench_session("epochal-jms-bench", ["jms", "map"])
     url = url_of(config)
     results = []
     source_queues: list[tuple[Result, str]] = []

@@ -58,6 +58,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from integration.bench.common import (
     Result,
+    bench_session,
     quantile,
     rotated,
     run_available_now,
@@ -316,24 +317,10 @@ class Bench:
 
     def start_spark(self) -> None:
         """One SparkSession for every Spark variant."""
-        from pyspark.sql import SparkSession
-
-        from epochal.spark.datasource import register
-
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = (
-            SparkSession.builder.master("local[2]")
-            .appName("epochal-kafka-bench")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.streaming.metricsEnabled", "false")
-        )
+        conf = {"spark.sql.streaming.metricsEnabled": "false"}
         if self.jars:
-            builder = builder.config("spark.jars", ",".join(self.jars))
-        self.spark = builder.getOrCreate()
-        self.spark.sparkContext.setLogLevel("ERROR")
-        register(self.spark, ["kafka"])
+            conf["spark.jars"] = ",".join(self.jars)
+        self.spark = bench_session("epochal-kafka-bench", ["kafka"], **conf)
 
     def variants(self) -> list[str]:
         """The variants this run measures."""
