@@ -286,8 +286,11 @@ class Soak:
             self.start_supervisor(resume=True)
             return Kill(kind, now, "supervisor SIGKILL, resumed from a new process")
         if kind in ("worker", "executor"):
-            needle = b"CoarseGrainedExecutorBackend" if kind == "executor" else b"pyspark"
-            victims = [p for p in processes.processes_of(token) if needle in _cmdline(p)]
+            if kind == "executor":
+                needle = b"CoarseGrainedExecutorBackend"
+                victims = [p for p in processes.processes_of(token) if needle in _cmdline(p)]
+            else:
+                victims = processes.python_workers(token)
             if not victims:
                 return self.kill("driver")
             victim = self.random.choice(victims)

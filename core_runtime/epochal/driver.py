@@ -51,6 +51,7 @@ from epochal.failures import (
     EXIT_FENCED,
     EXIT_RESTARTABLE,
     FENCED,
+    STOPPED_ON_ITS_OWN_MARK,
     Failure,
     identify,
 )
@@ -134,6 +135,11 @@ class Supervision:
                 )
                 self._promoted.set()
         self_destruct("the supervisor is gone (its pipe closed)")
+
+    @property
+    def promoted(self) -> bool:
+        """Whether the supervisor has promoted this driver (the job is waiting for it)."""
+        return self._promoted.is_set()
 
     def wait_for_promotion(self) -> tuple[int, str, str]:
         """Block until the supervisor promotes this warm driver: the lease epoch it runs at,
@@ -418,7 +424,11 @@ class Driver:
             if job is None:
                 from epochal.spark.warmup import warm_up
 
-                took = warm_up(self.spark)
+                # promoted while it warms up: the job is waiting, so the warm-up stops there
+                def promoted() -> bool:
+                    return self.supervision.promoted
+
+                took = 0.0 if promoted() else warm_up(self.spark, stop_if=promoted)
                 emit({"type": "ready", "warmup_s": round(took, 2)})
                 job = self.supervision.wait_for_promotion()
                 kind, launched = "standby", time.time()
@@ -561,8 +571,9 @@ class Driver:
         return query
 
     def _watch(self, query: Any) -> str | None:
-        """Until the query ends: None when it finished or was stopped on request, else the
-        text of its failure."""
+        """Until the query ends: None when it finished (available-now) or was stopped on
+        request, else the text of its failure. A continuous job's query that stops by itself
+        is a failure too: the job must go on, so it is restarted, never marked completed."""
         assert self.jobdir is not None
         while query.isActive:
             try:
@@ -574,9 +585,15 @@ class Driver:
                 query.stop()
                 return None
         error = query.exception()
-        if error is None:
+        if error is not None:
+            return _failure_text(error)
+        if self.config.available_now or self.jobdir.load().requested in ("cancel", "suspend"):
             return None
-        return _failure_text(error)
+        return (
+            f"{STOPPED_ON_ITS_OWN_MARK}: the streaming query of continuous job "
+            f"{self.record.name!r} stopped without an error and without a suspend or cancel "
+            "request (something in the driver stopped it); restarting it from its snapshot"
+        )
 
     def _healthy(self) -> bool:
         """Whether the JVM and the SparkContext survived (an in-place restart is possible)."""

@@ -255,23 +255,25 @@ class DriverPool:
         self._wake.set()
 
     def take(self, profile: SessionProfile, wait: float = 0.0) -> DriverProcess | None:
-        """A ready driver of ``profile`` (waiting up to ``wait`` seconds for one that is
-        still warming), or None."""
+        """A driver of ``profile`` for a job: a ready one; else, after waiting up to ``wait``
+        seconds for one to get ready, the one furthest into its warm-up (promoted before it
+        is ready, it skips the rest of its warm-up and is still ahead of a cold start);
+        None when the pool has none alive."""
         if not poolable(profile):
             return None
         self.prepare(profile)
         deadline = time.monotonic() + wait
         while True:
             with self._lock:
-                drivers = self._warm.get(profile, [])
-                for driver in list(drivers):
-                    if driver.ready.is_set() and driver.alive():
-                        drivers.remove(driver)
-                        self._wake.set()
-                        return driver
-                warming = any(d.alive() for d in drivers)
-            if not warming or time.monotonic() >= deadline:
-                return None
+                alive = [d for d in self._warm.get(profile, []) if d.alive()]
+                ready = [d for d in alive if d.ready.is_set()]
+                if ready or (alive and time.monotonic() >= deadline):
+                    chosen = (ready or alive)[0]  # in start order: the oldest first
+                    self._warm[profile].remove(chosen)
+                    self._wake.set()
+                    return chosen
+                if not alive:
+                    return None
             time.sleep(0.05)
 
     def _keep_warm(self) -> None:

@@ -44,6 +44,9 @@ class FailureKind:
     """The test that causes this failure for real and counts lost and duplicated records."""
 
 
+STOPPED_ON_ITS_OWN_MARK = "QueryStoppedOnItsOwn"
+"""Marks a continuous job's query that ended without an error and without a request."""
+
 FENCED = FailureKind(
     "the run lost the job's lease (another driver took over; zombie or orphan)",
     ("FencedError", "StateMovedError"),
@@ -112,6 +115,13 @@ KINDS: tuple[FailureKind, ...] = (
         Failure.RESTARTABLE,
         True,
         "kit: driver-side and executor Python workers killed (SIGKILL)",
+    ),
+    FailureKind(
+        "a continuous job's query stopped without an error and without a request",
+        (STOPPED_ON_ITS_OWN_MARK,),
+        Failure.RESTARTABLE,
+        True,
+        "tests/spark/test_jobs.py (a query stopped by code in the driver is restarted)",
     ),
     FailureKind(
         "an executor was lost",

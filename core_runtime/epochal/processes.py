@@ -54,6 +54,24 @@ def processes_of(token: str) -> list[int]:
     return found
 
 
+def python_workers(token: str) -> list[int]:
+    """The PySpark Python processes of the run ``token``: daemons, task workers and the
+    driver-side runners (``python -m pyspark...``), not the JVMs, whose class paths also
+    name pyspark."""
+    found = []
+    for pid in processes_of(token):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and any(
+            arg.startswith(b"pyspark") for arg in argv[1:]
+        ):
+            found.append(pid)
+    return found
+
+
 def _is_zombie(pid: int) -> bool:
     """A process that exited and waits to be reaped (it can no longer do anything)."""
     try:

@@ -30,7 +30,7 @@ from typing import Any
 from epochal import processes
 from epochal.config import JobConfig
 from epochal.driver import SessionProfile
-from epochal.drivers import DriverPool, DriverProcess, RunOutcome, default_pool
+from epochal.drivers import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
 from epochal.failures import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
 from epochal.jobs import (
     JobDirectory,
@@ -155,7 +155,12 @@ class Supervisor:
         self.profile = SessionProfile.of(record)
         if self.pool is not None:
             self.pool.prepare(self.profile)
-        self.epoch = self._acquire()
+        try:
+            self.epoch = self._acquire()
+        except BaseException:
+            if self.standby is not None:
+                self.standby.kill()
+            raise
         with self.jobdir.update(self._fence()) as current:
             current.supervisor = {"pid": os.getpid(), "host": socket.gethostname()}
         renewal = threading.Thread(target=self._renew, name="epochal-lease", daemon=True)
@@ -197,6 +202,7 @@ class Supervisor:
                 )
             except LeaseHeldError as held:
                 if deadline is None:
+                    self._warm_while_waiting()
                     limit = self.wait_for_lease
                     deadline = time.monotonic() + (held.wait + 5 if limit is None else limit)
                     self.report(
@@ -206,6 +212,15 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(min(0.5, held.wait))
+
+    def _warm_while_waiting(self) -> None:
+        """While the previous supervisor's lease runs out, start this job's driver warm (JVM,
+        SparkSession, connectors, a warm-up query): it only gets the job once the lease is
+        taken at a new epoch, and a take-over then costs the lease's wait, not the wait plus
+        a cold start. Local masters only (on a cluster a waiting driver would hold executors
+        while the old run may still have them)."""
+        if self.standby is None and self.pool is None and poolable(self.profile):
+            self.standby = self._new_driver(job=None)
 
     def _fence(self) -> Any:
         return self.jobdir.fence(self.epoch)
@@ -284,19 +299,18 @@ class Supervisor:
             time.sleep(backoff)
 
     def _activate(self, config: JobConfig) -> DriverProcess:
-        """The next active driver: the standby (waiting for it if it is still warming: a
-        cold driver would only compete with it), else one from the pool, else a new one."""
+        """The next active driver: the standby (even while it warms: it is ahead of a cold
+        driver, and a cold one would only compete with it), else one from the pool, else a
+        new one."""
         driver = None
         standby, self.standby = self.standby, None
         if standby is not None:
-            while standby.alive() and not standby.ready.wait(0.2):
-                pass
-            if standby.ready.is_set() and standby.alive():
+            if standby.alive():  # still warming: promoted now, it cuts its warm-up short
                 driver = standby
             else:
                 standby.kill()
         if driver is None and self.pool is not None:
-            driver = self.pool.take(self.profile, wait=config.lease_ttl)
+            driver = self.pool.take(self.profile)
             if driver is not None:
                 driver.on_event = self._on_event
                 self._link_log(driver)
@@ -378,7 +392,7 @@ class Supervisor:
         if event.get("type", "progress") == "progress" and driver is self.active:
             if self.on_progress:
                 self.on_progress(event)
-        elif event.get("type") == "ready":
+        elif event.get("type") == "ready" and driver is not self.active:
             with contextlib.suppress(Exception), self.jobdir.update(self._fence()) as current:
                 current.supervisor = {
                     **current.supervisor,

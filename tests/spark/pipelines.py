@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 
@@ -31,3 +33,23 @@ def copy(spark: Any) -> Any:
 def broken(spark: Any) -> Any:
     """User code with a bug: it fails the same way on every run."""
     raise ZeroDivisionError("a bug in the pipeline")
+
+
+def stops_itself_once(spark: Any) -> Any:
+    """The copy pipeline, plus code in the driver that stops the job's query once, after its
+    first batch, without an error (a library calling ``query.stop()``; Spark ending a query)."""
+    marker = os.environ["EPOCHAL_TEST_MAP"] + ".stopped"
+    if not os.path.exists(marker):
+
+        def stop_after_first_batch() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                for query in spark.streams.active:
+                    if query.lastProgress is not None:
+                        open(marker, "w").close()
+                        query.stop()
+                        return
+                time.sleep(0.1)
+
+        threading.Thread(target=stop_after_first_batch, daemon=True).start()
+    return copy(spark)

@@ -120,6 +120,29 @@ def test_suspend_resume_and_cancel(tmp_path: Path, map_path: str) -> None:
     assert not os.path.exists(job.jobdir.store.base)
 
 
+def test_a_continuous_query_that_stops_on_its_own_is_restarted(
+    tmp_path: Path, map_path: str
+) -> None:
+    """A continuous job whose query ends without an error and without a request must go on
+    (a new run from its snapshot), never be marked completed."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=0.5)
+    job = Job.submit("stops", "pipelines:stops_itself_once", config, report=lambda line: None)
+    _wait(lambda: os.path.exists(map_path + ".stopped"), "the pipeline to stop its query")
+    ended = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+    _wait(
+        lambda: job.status().status in ended or len(job.status().runs) >= 2,
+        "a second run (or the job to end)",
+    )
+    record = job.status()
+    assert record.status not in ended, f"{record.status}: {record.failure}"
+    assert "QueryStoppedOnItsOwn" in str(record.runs[0].get("outcome")), record.runs
+    with MapStore(map_path) as store:  # more data: the second run must take it
+        store.append_events("input", [(str(i), f"v{i}") for i in range(200, 250)])
+    _wait(lambda: len(_output(map_path)) == 250, "all 250 records after the restart")
+    job.cancel()
+    assert job.join(120).status == JobStatus.CANCELLED
+
+
 def _wait(condition, what: str, seconds: float = 240.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():

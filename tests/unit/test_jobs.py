@@ -25,7 +25,7 @@ from epochal.jobs import (
     list_jobs,
     new_owner,
 )
-from epochal.processes import RUN_TOKEN_ENV, new_run_token, processes_of
+from epochal.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.store import StateMovedError, get_record, put_record
 from epochal.supervisor import request
 from epochal_sdk import FencedError
@@ -374,3 +374,27 @@ def test_the_jobs_module_is_reachable_as_an_attribute() -> None:
 
     assert jobs_module is JOBS
     assert epochal.jobs.LEASE_TTL == JOBS.LEASE_TTL
+
+
+def test_python_workers_are_the_runs_pyspark_processes_not_its_jvms() -> None:
+    """The kit's and the soak's "kill a Python worker" must not hit a JVM: a driver's or an
+    executor's class path names pyspark too."""
+    token = new_run_token()
+    env = {**os.environ, RUN_TOKEN_ENV: token}
+    sleep = "import time; time.sleep(60)"
+    worker = subprocess.Popen([sys.executable, "-c", sleep, "pyspark.daemon"], env=env)
+    jvm_like = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 60", "-cp", "/site-packages/pyspark/jars/*"], env=env
+    )
+    try:
+        both = {worker.pid, jvm_like.pid}
+        deadline = time.monotonic() + 10
+        while not both <= set(processes_of(token)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert both <= set(processes_of(token))
+        assert python_workers(token) == [worker.pid]
+    finally:
+        worker.kill()
+        jvm_like.kill()
+        worker.wait()
+        jvm_like.wait()

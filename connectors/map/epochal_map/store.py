@@ -73,6 +73,21 @@ def _checked(items: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
         yield key, value
 
 
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode = WAL``. Two processes creating the same new file at once can
+    get "database is locked" from it at once, without SQLite's busy handler: retry then,
+    within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class MapStore:
     """Named maps with event journals in the SQLite file ``path``.
 
@@ -91,7 +106,7 @@ class MapStore:
                 self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(self._conn)
             self._conn.execute("PRAGMA synchronous = FULL")
         with self._transaction() as conn:
             for statement in _TABLES:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -86,8 +86,9 @@ class WarmupDataSource(DataSource):
         return _Writer()
 
 
-def warm_up(spark: Any) -> float:
-    """Run the warm-up query on ``spark``; returns how long it took (seconds)."""
+def warm_up(spark: Any, stop_if: Callable[[], bool] = lambda: False) -> float:
+    """Run the warm-up query on ``spark``; returns how long it took (seconds). It is stopped
+    early when ``stop_if()`` turns true (a job is waiting for this driver)."""
     started = time.monotonic()
     spark.dataSource.register(WarmupDataSource)
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
@@ -102,7 +103,10 @@ def warm_up(spark: Any) -> float:
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        while not query.awaitTermination(0.2):
+            if stop_if():
+                query.stop()
+                break
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return time.monotonic() - started

@@ -25,7 +25,8 @@ after another (see :mod:`epochal.faults`), so a handful of job runs cover every 
                     another process; the driver and its supervisor paused (SIGSTOP) past the
                     lease, another supervisor taking over and committing, then the zombie
                     resumed (SIGCONT): it must decide, acknowledge and write nothing; then
-                    kills of the driver or one of its Python workers at random times.
+                    a kill of the whole driver and one of a Python worker, in random order
+                    at random moments.
 
 Scenarios run on ``local[2,4]`` (failed tasks are retried); executor JVM kills on
 ``local-cluster[2,1,1024]``. At the end
@@ -504,7 +505,7 @@ def run_case(
     scenario = case.scenario() if isinstance(case, Case) else case
     batches = len(scenario.faults) + 3
     if scenario.kind == "real-failures":
-        batches += 55  # room for the take-overs and the random kills
+        batches += 20  # room for the take-overs and the random kills (~5-10 batches)
     ids = list(range(max(records, per_batch * batches)))
     source.produce(ids)
     spec = {
@@ -522,6 +523,7 @@ def run_case(
         snapshot_dir=snapshot_dir,
         faults=scenario.plan,
         restart_backoff=0.2,
+        max_restart_backoff=0.4,  # the faults are planned: no server to wait for
         max_restarts=len(scenario.faults) + 5,
         spark_conf=dict(TEST_SPARK_CONF),
         lease_ttl=KIT_LEASE_TTL,
@@ -574,11 +576,13 @@ class RealFailures:
     1. Supervisor A runs the job until the first fault kills A (SIGKILL) after a batch: its
        driver must die with it (all of the run's processes gone within the lease TTL).
     2. Supervisor B resumes the job from another process at once (A is known dead).
+       (A supervisor that must wait for a lease starts its driver warm meanwhile.)
     3. The second fault pauses B and its whole driver run (SIGSTOP) at the most dangerous
        step. Supervisor C resumes the job: it must wait for the lease to expire, then take
        over at a new epoch. Once C committed a batch, the zombie is resumed (SIGCONT): it
        must stop without deciding, acknowledging or writing anything.
-    4. While C runs, the driver or one of its Python workers is killed at random times.
+    4. While C runs, its whole driver run and one of its Python workers are killed, in
+       random order, at random moments.
     """
 
     def __init__(self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str):
@@ -705,10 +709,14 @@ class RealFailures:
         notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")
 
     def _random_kills(self, supervisor: subprocess.Popen[str], notes: list[str], kills: int) -> int:
-        """Kill the active driver run or one of its Python workers at random moments;
-        returns how many kills happened."""
+        """Kill, at random moments, the active driver run and one of its Python workers
+        (each kind at least once when ``kills`` >= 2, in random order); returns how many
+        kills happened."""
+        kinds = ["driver", "worker"] * (kills // 2) + [self.random.choice(["driver", "worker"])]
+        kinds = kinds[:kills]
+        self.random.shuffle(kinds)
         done = 0
-        for _ in range(kills):
+        for kind in kinds:
             batch = self.jobdir.load().progress.get("batch", -1)
             with contextlib.suppress(AssertionError):
                 _wait_for(
@@ -724,17 +732,18 @@ class RealFailures:
             time.sleep(self.random.uniform(0.0, 1.5))  # a random moment, by design
             token = str(self.jobdir.load().driver.get("token") or "")
             victims = processes.processes_of(token)
-            workers = [p for p in victims if b"pyspark" in _cmdline(p)]
-            if workers and self.random.random() < 0.5:
+            workers = processes.python_workers(token)
+            at = self.jobdir.load().progress.get("batch")
+            if kind == "worker" and workers:
                 victim = self.random.choice(workers)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
-                notes.append(f"random kill: Python worker {victim}")
+                notes.append(f"random kill after batch {at}: Python worker {victim}")
                 done += 1
             elif victims:
                 with contextlib.suppress(TimeoutError):
                     processes.kill_run(token)
-                notes.append("random kill: the whole driver run")
+                notes.append(f"random kill after batch {at}: the whole driver run")
                 done += 1
         return done
 
@@ -743,14 +752,6 @@ def _dirs(base: str, sub: str) -> list[str]:
     with contextlib.suppress(FileNotFoundError):
         return sorted(os.listdir(f"{base}/{sub}"))
     return []
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
 
 
 def _wait_for(condition: Any, what: str, seconds: float) -> None:
