@@ -25,4 +25,4 @@ PYTHON="$("$PYTHON" scripts/install.py --python)"
 export PYTHON
 phase "integration prerequisites" bash .ci/install-integration
 phase "lint (ruff)" "$PYTHON" -m ruff check .
-phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=15 "$@"
+phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=40 "$@"
