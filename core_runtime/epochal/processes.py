@@ -17,7 +17,6 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable
 
 RUN_TOKEN_ENV = "EPOCHAL_RUN_TOKEN"
 """The environment variable that marks every process of one driver run."""
@@ -99,15 +98,11 @@ def kill_run(token: str, timeout: float = 10.0) -> list[int]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-        _reap(alive)
+        # Never reap (waitpid) what we killed: a killed process that is our child belongs to
+        # whoever started it (a supervisor's subprocess.Popen). Reaped here, its owner would
+        # read exit status 0 (ECHILD) and take a killed driver for one that finished its job.
+        # Dead processes are zombies until then, and processes_of() does not count zombies.
         time.sleep(0.02)
-
-
-def _reap(pids: Iterable[int]) -> None:
-    """Collect our own children among ``pids`` so they do not linger as zombies."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
 
 
 def signal_run(token: str, signum: int) -> list[int]:

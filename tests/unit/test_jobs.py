@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from epochal import processes
 from epochal.config import JobConfig
 from epochal.context import JobContext
 from epochal.jobs import (
@@ -398,3 +399,26 @@ def test_python_workers_are_the_runs_pyspark_processes_not_its_jvms() -> None:
         jvm_like.kill()
         worker.wait()
         jvm_like.wait()
+
+
+def test_kill_run_leaves_a_killed_child_to_the_process_that_started_it() -> None:
+    """A supervisor waits for its driver with subprocess.Popen; had kill_run() reaped the
+    killed child, Popen would read exit status 0 (ECHILD) and the supervisor would take the
+    killed driver for one that finished its job (the job marked COMPLETED after a kill)."""
+    token = new_run_token()
+    env = {**os.environ, RUN_TOKEN_ENV: token}
+    children = [
+        subprocess.Popen(["sleep", "60"], env=env)
+        for _ in range(40)
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while len(processes_of(token)) < len(children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(3):  # a child that dies before kill_run looks again must stay unreaped
+            processes.kill_run(token)
+        assert [child.wait(10) for child in children] == [-signal.SIGKILL] * len(children)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
