@@ -1,5 +1,5 @@
-"""What the benchmark commands share: the result type, the available-now runner, and the
-statistics and plot of repeated, interleaved rounds."""
+"""What the benchmark commands share: the result type, the available-now runner, the
+statistics and plot of repeated, interleaved rounds, and the description of the machine."""
 
 from __future__ import annotations
 
@@ -151,11 +151,13 @@ def write_plot(
     ratios: dict[str, list[float]] | None = None,
     targets: dict[str, float] | None = None,
     rate_label: str = "records/s per round",
+    differences: dict[str, list[float]] | None = None,
 ) -> str | None:
     """A PNG: each variant's per-round throughput (box and points), its per-batch latency
-    (box and points) and, if given, ratios per round (one line each, with their targets as
-    dashed lines). Needs matplotlib (``pip install matplotlib``); without it nothing is
-    written and the reason is returned."""
+    (box and points) and, if given, ratios per round and differences in ms per round (a
+    panel each, one line per figure, with their ``targets`` as dashed lines). Needs
+    matplotlib (``pip install matplotlib``); without it nothing is written and the reason is
+    returned."""
     try:
         import matplotlib
 
@@ -164,7 +166,7 @@ def write_plot(
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
     names = [n for n in rates if rates[n]]
-    panels = 3 if ratios else 2
+    panels = 2 + bool(ratios) + bool(differences)
     figure, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.8))
     jitter = random.Random(1)
     for axis, data, label in (
@@ -182,27 +184,66 @@ def write_plot(
         axis.grid(axis="y", alpha=0.3)
     axes[0].set_title("throughput (one point per round)")
     axes[1].set_title("latency (one point per measured batch)")
-    if ratios:
-        axis = axes[2]
-        for index, (label, values) in enumerate(ratios.items()):
-            color = f"C{index}"
-            median = statistics.median(values) if values else 0.0
-            axis.plot(
-                range(1, len(values) + 1),
-                values,
-                marker="o",
-                color=color,
-                label=f"{label}: median {median:.2f}",
-            )
-            if targets and label in targets:
-                axis.axhline(targets[label], color=color, linestyle="--", linewidth=1)
-        axis.set_xlabel("round")
-        axis.set_ylabel("ratio of throughputs (dashed: target)")
-        axis.set_title("ratios per round")
-        axis.legend(fontsize=7, loc="lower left")
-        axis.grid(alpha=0.3)
+    panel = 2
+    for figures, ylabel, heading, corner in (
+        (ratios, "ratio of throughputs (dashed: target)", "ratios per round", "lower left"),
+        (differences, "ms (dashed: target)", "differences per round", "upper left"),
+    ):
+        if figures:
+            _per_round(axes[panel], figures, targets or {}, ylabel, heading, corner)
+            panel += 1
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return None
+
+
+def _per_round(
+    axis: Any,
+    figures: dict[str, list[float]],
+    targets: dict[str, float],
+    ylabel: str,
+    heading: str,
+    corner: str,
+) -> None:
+    """One line per figure over the rounds, its target (if any) dashed in the same colour."""
+    for index, (label, values) in enumerate(figures.items()):
+        color = f"C{index}"
+        median = statistics.median(values) if values else 0.0
+        axis.plot(
+            range(1, len(values) + 1),
+            values,
+            marker="o",
+            color=color,
+            label=f"{label}: median {median:.2f}",
+        )
+        if label in targets:
+            axis.axhline(targets[label], color=color, linestyle="--", linewidth=1)
+    axis.set_xlabel("round")
+    axis.set_ylabel(ylabel)
+    axis.set_title(heading)
+    axis.legend(fontsize=7, loc=corner)
+    axis.grid(alpha=0.3)
+
+
+def machine() -> str:
+    """A one-line description of this machine: OS, CPUs, memory, Python, load."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    memory = 0
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+        with open("/proc/meminfo") as fh:
+            memory = int(fh.readline().split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return (
+        f"{platform.platform()}, {os.cpu_count()} CPU(s) {cpu}, {memory} MiB, Python "
+        f"{platform.python_version()}, load {load:.1f}"
+    )

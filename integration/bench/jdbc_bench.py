@@ -1,6 +1,7 @@
-"""PostgreSQL sink benchmark: the same batches written five ways, in one run.
+"""PostgreSQL sink benchmark: the same batches written five ways, in interleaved rounds.
 
-    python -m integration.bench.jdbc_bench [--rows 50000] [--batches 12] [--small-batches 200]
+    python -m integration.bench.jdbc_bench [--rounds 5] [--rows 50000] [--batches 12]
+        [--small-batches 200] [--plot jdbc-bench.png]
 
 * ``2PC (exactly-once)``: ``mode=transactional`` as the runtime drives it: the task opens a
   transaction, COPYs, writes its commit marker and ``PREPARE TRANSACTION``; the driver records
@@ -13,21 +14,42 @@
 * ``bare COPY``: a psycopg loop, one connection, ``COPY`` + ``COMMIT`` per batch: the ceiling.
 
 Rows are ``id bigint, key text, value text (100 B), ts timestamptz, amount double``, handed to
-the sink as Arrow record batches (what Spark gives a Python sink). One task per batch, tasks
+the sink as Arrow record batches (what Spark hands a Python sink). One task per batch, tasks
 run one after another: this measures the connector and the server, not Spark. Two phases:
 big batches (``--rows`` rows, the size of a 1-second batch here) for rows/s, and many small
-batches (1000 rows) for the per-batch commit latency distribution (p50/p99). The server is
-the harness's PostgreSQL 15 (or ``EPOCHAL_POSTGRES_DSN``).
+batches (1000 rows) for the per-batch commit latency distribution. *Commit latency* runs
+from the end of the task's writes to the batch being visible (for 2PC: until the runtime has
+recorded the batch as done).
+
+Each phase runs ``--rounds`` rounds; a round runs every way once, in an order rotated from
+round to round (``upsert replay`` always right after the ``upsert`` whose batches it
+replays), into fresh tables (and, for 2PC, a fresh marker table and snapshot store) that are
+dropped at the end of the round. A warm-up round of three small batches (not measured) runs
+first. Per way the table gives the median over the rounds of its rows/s (with the IQR), the
+median per-round ratio to bare COPY and to plain, and the commit latency p50/p99/max over
+every batch of every round. The figures with targets are taken within each round, so that a
+slow moment of the machine hits both sides, and reported as the median over the rounds with
+the interquartile range and a bootstrap 95% interval of that median: ``2PC / plain`` (rows/s,
+target >= 0.95), ``plain / bare`` and ``2PC added commit latency p99 ms`` (the round's 2PC
+commit p99 minus its plain commit p99, target <= 10 ms). The 2PC commit path is also broken
+down step by step.
+
+The plot (``--plot``; throughput per round of the big batches, per-batch commit latency of the
+small batches, the ratios and the added p99 per round with their targets) needs matplotlib:
+``pip install matplotlib`` (not a dependency of the test suite: the benchmark is not run by
+CI); without it the tables are still printed. The server is the harness's PostgreSQL 15 (or
+``EPOCHAL_POSTGRES_DSN``; the tables are named ``bench_<run>_...`` and dropped).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
+import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +62,7 @@ from epochal_jdbc.copy import copy_batch
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.store import SnapshotStore
 from epochal_sdk import Field, Options, Prepared, TaskContext
+from integration.bench.common import machine, quantile, rotated, spread, write_plot
 
 SCHEMA = (
     Field("id", "bigint"),
@@ -49,6 +72,23 @@ SCHEMA = (
     Field("amount", "double"),
 )
 VALUE = "x" * 100
+SMALL_ROWS = 1000
+
+BARE = "bare psycopg COPY"
+PLAIN = "plain (at-least-once)"
+TPC = "2PC (exactly-once)"
+UPSERT = "upsert (idempotent)"
+REPLAY = "upsert replay"
+WAYS = (BARE, PLAIN, TPC, UPSERT, REPLAY)
+TURNS = ((BARE,), (PLAIN,), (TPC,), (UPSERT, REPLAY))
+"""What a round runs, in an order rotated per round: the replay upserts again what its
+round's upsert wrote, so it runs right after it."""
+
+TPC_PLAIN = "2PC / plain"
+PLAIN_BARE = "plain / bare"
+ADDED = "2PC added commit latency p99 ms"
+TARGETS = {TPC_PLAIN: 0.95, ADDED: 10.0}
+"""2PC / plain rows/s at least 0.95; 2PC adds at most 10 ms to the commit latency p99."""
 
 
 def make_batch(first: int, rows: int) -> pa.RecordBatch:
@@ -69,7 +109,7 @@ def make_batch(first: int, rows: int) -> pa.RecordBatch:
 
 @dataclass
 class Result:
-    """What one way of writing measured."""
+    """What one way of writing measured in one round."""
 
     name: str
     rows: int = 0
@@ -85,17 +125,13 @@ class Result:
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds else 0.0
 
-    def pct(self, q: float) -> float:
-        if not self.commit_ms:
-            return float("nan")
-        ordered = sorted(self.commit_ms)
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
 
 def _sink(dsn: str, table: str, mode: str) -> JdbcSink:
     options = {"url": dsn, "table": table, "mode": mode, "createTable": "true"}
     if mode == "idempotent":
         options["keyColumns"] = "id"
+    if mode == "transactional":
+        options["markerTable"] = f"{table}_commits"  # fresh per round, dropped with the table
     return JdbcSink(Options("jdbc", options))
 
 
@@ -108,7 +144,7 @@ def run_2pc(
     sink.check(SCHEMA)
     sink.close()
     store = SnapshotStore(store_dir)
-    result = Result("2PC (exactly-once)")
+    result = Result(TPC)
     for number, batch in enumerate(batches):
         started = time.perf_counter()
         task = TaskContext("bench", sink_id, number, 0, 0, SCHEMA, run=1)
@@ -149,7 +185,7 @@ def run_plain(dsn: str, table: str, batches: list[pa.RecordBatch]) -> Result:
     """Tasks write and commit (the at-least-once path of ``mode=plain``)."""
     sink = _sink(dsn, table, "plain")
     sink.check(SCHEMA)
-    result = Result("plain (at-least-once)")
+    result = Result(PLAIN)
     for number, batch in enumerate(batches):
         started = time.perf_counter()
         task = TaskContext("bench", "jdbc-plain", number, 0, 0, SCHEMA, run=1)
@@ -189,7 +225,7 @@ def run_upsert(dsn: str, table: str, batches: list[pa.RecordBatch], name: str) -
 
 def run_bare(dsn: str, table: str, batches: list[pa.RecordBatch]) -> Result:
     """One connection, COPY + COMMIT per batch: the ceiling."""
-    result = Result("bare psycopg COPY")
+    result = Result(BARE)
     with psycopg.connect(dsn) as conn:
         conn.execute(
             f"CREATE TABLE {table} (id bigint, key text, value text, ts timestamptz,"
@@ -209,38 +245,145 @@ def run_bare(dsn: str, table: str, batches: list[pa.RecordBatch]) -> Result:
     return result
 
 
-def machine() -> str:
-    """CPU, cores, memory, OS."""
-    cpu = platform.processor() or platform.machine()
+def run_round(
+    dsn: str,
+    workdir: str,
+    prefix: str,
+    batches: list[pa.RecordBatch],
+    turn: int,
+    log: Callable[[Result], None] = lambda result: None,
+) -> dict[str, Result]:
+    """Every way once over ``batches``, in the order of round ``turn``, into fresh tables
+    named ``prefix_<way>`` (dropped at the end, with the 2PC snapshot store)."""
+    tables = {BARE: "bare", PLAIN: "plain", TPC: "tpc", UPSERT: "upsert", REPLAY: "upsert"}
+    tables = {way: f"{prefix}_{name}" for way, name in tables.items()}
+    store_dir = f"{workdir}/{prefix}"
+    results: dict[str, Result] = {}
     try:
-        with open("/proc/cpuinfo") as fh:
-            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    try:
-        with open("/proc/meminfo") as fh:
-            mem = int(fh.readline().split()[1]) // 1024
-    except OSError:
-        mem = 0
-    load = os.getloadavg()[0]
-    return f"{cpu}, {os.cpu_count()} cores, {mem} MiB, {platform.platform()}, load {load:.1f}"
+        for ways in rotated(TURNS, turn):
+            for way in ways:
+                if way == BARE:
+                    result = run_bare(dsn, tables[way], batches)
+                elif way == PLAIN:
+                    result = run_plain(dsn, tables[way], batches)
+                elif way == TPC:
+                    result = run_2pc(dsn, tables[way], batches, store_dir, prefix)
+                else:
+                    result = run_upsert(dsn, tables[way], batches, way)
+                results[way] = result
+                log(result)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in sorted({*tables.values(), f"{tables[TPC]}_commits"}):
+                conn.execute(f"DROP TABLE IF EXISTS {table}")
+        shutil.rmtree(store_dir, ignore_errors=True)
+    return results
 
 
-def table_row(r: Result, ceiling: Result, reference: Result) -> str:
-    return (
-        f"{r.name:<24} {r.rows:>9} {r.rows_per_s:>11,.0f} {r.rows_per_s / ceiling.rows_per_s:>8.0%}"
-        f" {r.rows_per_s / reference.rows_per_s:>8.0%}"
+@dataclass
+class Phase:
+    """One phase's rounds and what they give."""
+
+    key: str
+    """``big`` or ``small``."""
+    title: str
+    rounds: list[dict[str, Result]] = field(default_factory=list)
+
+    def rates(self, way: str) -> list[float]:
+        """The way's rows/s in each round."""
+        return [r[way].rows_per_s for r in self.rounds]
+
+    def commits(self, way: str) -> list[float]:
+        """The way's commit latency of every batch of every round (ms)."""
+        return [ms for r in self.rounds for ms in r[way].commit_ms]
+
+    def ratio(self, top: str, bottom: str) -> list[float]:
+        """``top`` rows/s / ``bottom`` rows/s, per round."""
+        return [r[top].rows_per_s / r[bottom].rows_per_s for r in self.rounds]
+
+    def added_p99(self) -> list[float]:
+        """2PC commit p99 minus plain commit p99, per round (ms)."""
+        return [
+            quantile(r[TPC].commit_ms, 0.99) - quantile(r[PLAIN].commit_ms, 0.99)
+            for r in self.rounds
+        ]
+
+    def figures(self) -> dict[str, list[float]]:
+        """The per-round figures whose spread is printed."""
+        return {
+            TPC_PLAIN: self.ratio(TPC, PLAIN),
+            PLAIN_BARE: self.ratio(PLAIN, BARE),
+            ADDED: self.added_p99(),
+        }
+
+
+def report(phase: Phase) -> str:
+    """The phase's table, its figures with their spread and the 2PC steps."""
+    lines = [
+        f"\n{phase.title}",
+        f"{'way':<24} {'rows/s median':>13} {'IQR':>17} {'vs bare':>8} {'vs plain':>8}"
+        f"   {'commit p50':>10} {'p99':>8} {'max':>8}",
+    ]
+    for way in WAYS:
+        rates, ms = phase.rates(way), phase.commits(way)
+        lines.append(
+            f"{way:<24} {statistics.median(rates):>13,.0f} "
+            f"{quantile(rates, 0.25):>8,.0f}-{quantile(rates, 0.75):<8,.0f} "
+            f"{statistics.median(phase.ratio(way, BARE)):>8.0%} "
+            f"{statistics.median(phase.ratio(way, PLAIN)):>8.0%}   "
+            f"{quantile(ms, 0.5):>10.2f} {quantile(ms, 0.99):>8.2f} {max(ms):>8.2f}"
+        )
+    lines.append(
+        "(rows/s: median over the rounds; vs: median of the per-round ratios; commit latency in "
+        "ms, from the end of the writes to the batch being visible, over every batch of every "
+        "round)"
+    )
+    lines.append("per round (median, IQR, bootstrap 95% CI of the median):")
+    for label, values in phase.figures().items():
+        target = TARGETS.get(label)
+        goal = "" if target is None else f" (target {'<=' if label == ADDED else '>='} {target:g})"
+        lines.append(f"  {label + goal:<46} {spread(values)}")
+    lines.append(f"{'2PC commit path, step by step (ms)':<40} {'p50':>8} {'p99':>8}")
+    steps: dict[str, list[float]] = {}
+    for r in phase.rounds:
+        for name, values in r[TPC].parts.items():
+            steps.setdefault(name, []).extend(values)
+    for name, values in steps.items():
+        lines.append(f"  {name:<38} {quantile(values, 0.5):>8.2f} {quantile(values, 0.99):>8.2f}")
+    added = [
+        t - p
+        for r in phase.rounds
+        for t, p in zip(r[TPC].commit_ms, r[PLAIN].commit_ms, strict=True)
+    ]
+    lines.append(
+        f"added by 2PC over plain (same batch of the same round): p50 {quantile(added, 0.5):.2f} "
+        f"ms, p99 {quantile(added, 0.99):.2f} ms per batch"
+    )
+    return "\n".join(lines)
+
+
+def log_run(turn: str, r: Result) -> None:
+    """One line per way and round, as they run."""
+    print(
+        f"{turn} {r.name:<24} {r.rows_per_s:>11,.0f} rows/s, "
+        f"commit p50 {quantile(r.commit_ms, 0.5):>7.2f} ms",
+        flush=True,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the tables."""
+    """Run the benchmark, print the tables, write the plot."""
     parser = argparse.ArgumentParser(prog="python -m integration.bench.jdbc_bench")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per phase")
     parser.add_argument("--rows", type=int, default=50_000, help="rows per big batch")
-    parser.add_argument("--batches", type=int, default=12, help="big batches per way")
-    parser.add_argument("--small-batches", type=int, default=200, help="1000-row batches")
+    parser.add_argument("--batches", type=int, default=12, help="big batches per way and round")
+    parser.add_argument(
+        "--small-batches", type=int, default=200, help="1000-row batches per way and round"
+    )
+    parser.add_argument("--plot", default="jdbc-bench.png", help="PNG to write")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.rows < 1 or args.batches < 1 or args.small_batches < 1:
+        parser.error("--rounds, --rows, --batches and --small-batches must be at least 1")
 
     external = os.environ.get("EPOCHAL_POSTGRES_DSN")
     server = None
@@ -252,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         server = start_postgres()
         dsn = server.dsn
     workdir = tempfile.mkdtemp(prefix="epochal-jdbc-bench-")
+    run = uuid.uuid4().hex[:6]
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]
@@ -259,47 +403,49 @@ def main(argv: list[str] | None = None) -> int:
             sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
         print(f"machine: {machine()}")
         print(f"server: PostgreSQL {version} (fsync={fsync}, synchronous_commit={sync})")
-        for phase, rows, count in (
-            ("big batches", args.rows, args.batches),
-            ("small batches", 1000, args.small_batches),
+        warm = [make_batch(i * SMALL_ROWS, SMALL_ROWS) for i in range(3)]
+        run_round(dsn, workdir, f"bench_{run}_warm", warm, 0)
+        phases = []
+        for key, rows, count in (
+            ("big", args.rows, args.batches),
+            ("small", SMALL_ROWS, args.small_batches),
         ):
             batches = [make_batch(i * rows, rows) for i in range(count)]
-            suffix = "b" if rows == args.rows else "s"
-            ways: list[Callable[[], Result]] = [
-                partial(run_bare, dsn, f"bare_{suffix}", batches),
-                partial(run_plain, dsn, f"plain_{suffix}", batches),
-                partial(run_2pc, dsn, f"tpc_{suffix}", batches, f"{workdir}/{suffix}", suffix),
-                partial(run_upsert, dsn, f"upsert_{suffix}", batches, "upsert (idempotent)"),
-                partial(run_upsert, dsn, f"upsert_{suffix}", batches, "upsert replay"),
-            ]
-            results = [way() for way in ways]
-            bare, plain = results[0], results[1]
-            print(f"\n{phase}: {count} batches of {rows} rows, one task per batch")
-            print(f"{'way':<24} {'rows':>9} {'rows/s':>11} {'vs COPY':>8} {'vs plain':>8}")
-            for r in results:
-                print(table_row(r, bare, plain))
-            print(
-                f"\n{'commit latency (ms)':<24} {'p50':>8} {'p99':>8} {'max':>8}"
-                "   (from the end of the writes to the batch being visible)"
+            phase = Phase(
+                key,
+                f"{key} batches: {count} batches of {rows} rows per way and round, "
+                f"{args.rounds} rounds, one task per batch",
             )
-            for r in results:
-                worst = max(r.commit_ms)
-                print(f"{r.name:<24} {r.pct(0.5):>8.2f} {r.pct(0.99):>8.2f} {worst:>8.2f}")
-            tpc = results[2]
-            print("\n2PC commit path, step by step (ms)      p50      p99")
-            for name, values in tpc.parts.items():
-                ordered = sorted(values)
-                p99 = ordered[round(0.99 * (len(ordered) - 1))]
-                print(f"  {name:<36} {statistics.median(values):>8.2f} {p99:>8.2f}")
-            added = [t - p for t, p in zip(tpc.commit_ms, plain.commit_ms, strict=True)]
-            ordered = sorted(added)
-            print(
-                f"added by 2PC over plain (same batch): p50 {statistics.median(added):.2f} ms, "
-                f"p99 {ordered[round(0.99 * (len(ordered) - 1))]:.2f} ms per batch"
-            )
+            for number in range(args.rounds):
+                log = partial(log_run, f"{key} round {number + 1}/{args.rounds}")
+                prefix = f"bench_{run}_{key[0]}_r{number}"
+                phase.rounds.append(run_round(dsn, workdir, prefix, batches, number, log))
+            phases.append(phase)
+        print(f"load at the end: {machine()}")
+        for phase in phases:
+            print(report(phase))
+        big, small = phases
+        title = (
+            f"PostgreSQL sink, {args.rounds} rounds: throughput and ratios of {args.batches} x "
+            f"{args.rows}-row batches, commit latency of {args.small_batches} x {SMALL_ROWS}-row "
+            f"batches per way and round\n{machine()}"
+        )
+        added = {f"{ADDED}, {p.key} batches": p.added_p99() for p in phases}
+        problem = write_plot(
+            args.plot,
+            title,
+            {way: big.rates(way) for way in WAYS},
+            {way: small.commits(way) for way in WAYS},
+            ratios={TPC_PLAIN: big.ratio(TPC, PLAIN), PLAIN_BARE: big.ratio(PLAIN, BARE)},
+            targets={TPC_PLAIN: TARGETS[TPC_PLAIN], **dict.fromkeys(added, TARGETS[ADDED])},
+            rate_label="rows/s per round (big batches)",
+            differences=added,
+        )
+        print(problem or f"plot: {args.plot}")
     finally:
         if server is not None:
             server.backend.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

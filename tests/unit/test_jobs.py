@@ -407,10 +407,7 @@ def test_kill_run_leaves_a_killed_child_to_the_process_that_started_it() -> None
     killed driver for one that finished its job (the job marked COMPLETED after a kill)."""
     token = new_run_token()
     env = {**os.environ, RUN_TOKEN_ENV: token}
-    children = [
-        subprocess.Popen(["sleep", "60"], env=env)
-        for _ in range(40)
-    ]
+    children = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(40)]
     try:
         deadline = time.monotonic() + 10
         while len(processes_of(token)) < len(children) and time.monotonic() < deadline:
