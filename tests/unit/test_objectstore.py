@@ -268,12 +268,13 @@ def test_a_fresh_lease_refuses_a_second_supervisor_then_expires(root: str) -> No
     takes the job over (a new epoch) once the lease expired; the first is then fenced."""
     first, second = _submit(root), JobDirectory(root, "job")
     a, b = jobs.new_owner(), jobs.new_owner()
-    assert first.acquire_lease(a, ttl=2.0) == 1
-    assert first.renew_lease(a, 1, ttl=2.0, tokens=[jobs.new_owner()])
+    assert first.acquire_lease(a, ttl=60.0) == 1  # live for as long as this test can stall
+    assert first.renew_lease(a, 1, ttl=60.0, tokens=[jobs.new_owner()])
     with pytest.raises(LeaseHeldError) as held:
         second.acquire_lease(b, ttl=2.0)
-    assert 0 < held.value.wait <= 2.0
-    assert first.advance_epoch(a, 1, ttl=2.0) == 2  # a restart of the first's driver
+    assert 0 < held.value.wait <= 60.0
+    # a restart of the first's driver, whose lease (2 s) then expires for real
+    assert first.advance_epoch(a, 1, ttl=2.0) == 2
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -300,8 +301,8 @@ def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
     _submit(root)
     owners = [jobs.new_owner() for _ in range(CONTENDERS)]
 
-    def take(index: int) -> int:
-        return JobDirectory(root, "job").acquire_lease(owners[index], ttl=2.0)
+    def take(index: int) -> int:  # a TTL no stall of this machine outlasts: no loser may
+        return JobDirectory(root, "job").acquire_lease(owners[index], ttl=600.0)  # see expiry
 
     outcomes = _race(CONTENDERS, jobs.get_versioned_record, take)
     winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
@@ -311,7 +312,7 @@ def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
     lease = JobDirectory(root, "job").lease()
     assert lease is not None and lease["owner"] == owners[winners[0]] and lease["epoch"] == 1
 
-    lease["renewed"] = time.time() - 60  # the winner died long ago: its lease expired
+    lease["renewed"] = time.time() - 3600  # the winner died long ago: its lease expired
     put_record(SnapshotStore(f"{root}/job"), LEASE_RECORD, lease)
     outcomes = _race(CONTENDERS, jobs.get_versioned_record, take)
     winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
