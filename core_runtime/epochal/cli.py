@@ -12,10 +12,10 @@ import os
 import sys
 from typing import Any
 
+from epochal.config import CONNECT_DOC, SPARK_CONNECT_ADVICE, is_spark_connect_url
 from epochal_sdk import EpochalError
 
 DEFAULT_SNAPSHOT_DIR = os.environ.get("EPOCHAL_SNAPSHOT_DIR", "./epochal-snapshots")
-CONNECT_DOC = "docs/spark-connect.md"
 
 
 def version_text() -> str:
@@ -113,12 +113,10 @@ def _progress(line: dict[str, Any]) -> None:
 def _refuse_spark_connect(master: str) -> None:
     """``epochal run`` starts and supervises its own Spark driver: Spark Connect is no
     master it can start, and with ``SPARK_REMOTE`` set the driver's session would fail."""
-    if master.strip().lower().startswith("sc://"):
+    if is_spark_connect_url(master):
         raise CommandError(
             f"--master {master!r} is a Spark Connect URL, but the supervisor runs its own Spark "
-            "driver. Give a Spark master (local[2], spark://host:7077, yarn, k8s://...), or run "
-            "the query from your Spark Connect client with format('epochal.<name>') and the "
-            f"epochal.* options: see {CONNECT_DOC}"
+            f"driver. {SPARK_CONNECT_ADVICE}"
         )
     remote = os.environ.get("SPARK_REMOTE")
     if remote:

@@ -28,6 +28,22 @@ def parse_duration(value: str | float | int, option: str = "duration") -> float:
     return seconds
 
 
+CONNECT_DOC = "docs/spark-connect.md"
+"""Where running epochal's formats from a Spark Connect client is explained."""
+SPARK_CONNECT_ADVICE = (
+    "Give a Spark master (local[2], spark://host:7077, yarn, k8s://...), or run the query from "
+    "your Spark Connect client with format('epochal.<name>') and the epochal.* options: see "
+    f"{CONNECT_DOC}"
+)
+"""What to do instead of supervising a job on Spark Connect (the CLI and JobConfig say it)."""
+
+
+def is_spark_connect_url(master: str) -> bool:
+    """Whether ``master`` is a Spark Connect address (``sc://``), which no supervised job can
+    run on: the supervisor starts its own driver."""
+    return str(master).strip().lower().startswith("sc://")
+
+
 @dataclass
 class JobConfig:
     """How a job runs.
@@ -103,6 +119,14 @@ class JobConfig:
             )
         if self.max_restarts < 0:
             raise ConfigError("job", "max_restarts", "is negative", "Give 0 or more.")
+        if is_spark_connect_url(self.master):
+            raise ConfigError(
+                "job",
+                "master",
+                f"{self.master!r} is a Spark Connect URL, but a supervised job runs its own "
+                "Spark driver",
+                SPARK_CONNECT_ADVICE,
+            )
         if not str(self.snapshot_dir).strip():
             raise ConfigError("job", "snapshot_dir", "is empty", "Give a directory or a URI.")
         if self.faults:

@@ -14,6 +14,7 @@ from epochal import JobConfig
 from epochal.jobs import JobDirectory
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.supervisor import submit
+from epochal.testing import prepare_transaction
 from epochal_sdk import Field, Options, Prepared, TaskContext
 from integration.harness.plugin import PostgresDatabase
 
@@ -25,11 +26,7 @@ JOB, SINK_ID = "opsjob", "jdbc-ops"
 
 def _prepare(sink: JdbcSink, batch: int, key: str) -> Prepared:
     task = TaskContext(JOB, SINK_ID, batch, 0, 0, SCHEMA, run=1)
-    txn = sink.begin(task)
-    txn.write(pa.record_batch({"key": [key], "value": [key]}))
-    data = txn.prepare()
-    txn.close()
-    return Prepared(task.transaction_id, data)
+    return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 
 def _args(action: str, db: PostgresDatabase, snapshots: Path) -> list[str]:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from epochal_jdbc import JdbcError, JdbcSink, TableName
 
+from epochal.testing import prepare_transaction
 from epochal_sdk import (
     ConfigError,
     Field,
@@ -59,13 +60,7 @@ def _prepared(db: PostgresDatabase) -> list[str]:
 
 
 def _prepare(sink: JdbcSink, task: TaskContext, batch: pa.RecordBatch) -> Prepared:
-    txn = sink.begin(task)
-    try:
-        txn.write(batch)
-        data = txn.prepare()
-    finally:
-        txn.close()
-    return Prepared(task.transaction_id, data)
+    return prepare_transaction(sink, task, batch)
 
 
 def test_two_phase_commit_is_invisible_until_committed_and_commit_is_idempotent(

@@ -80,6 +80,7 @@ def test_job_config_parses_durations_and_guarantee() -> None:
         ({"snapshot_dir": "  "}, "snapshot_dir", "is empty"),
         ({"faults": "sink.after_coffee@3"}, "faults", "unknown crash point 'sink.after_coffee'"),
         ({"faults": "sink.after_commit@x"}, "faults", "batch is not a number"),
+        ({"master": " SC://localhost:15002"}, "master", "is a Spark Connect URL"),
     ],
 )
 def test_invalid_settings_name_the_setting(settings: dict, option: str, problem: str) -> None:

@@ -15,6 +15,7 @@ from epochal.indoubt import legacy_args, main
 from epochal.jobs import JobDirectory
 from epochal.protocols.transactions import two_phase_commit
 from epochal.supervisor import submit
+from epochal.testing import prepare_transaction
 from epochal_map import MapSink, MapStore
 from epochal_sdk import ConnectorContext, Field, Options, Prepared, TaskContext
 
@@ -29,11 +30,7 @@ def _sink(path: Path, job: str = JOB) -> MapSink:
 
 def _prepare(sink: MapSink, job: str, batch: int, key: str) -> Prepared:
     task = TaskContext(job, SINK_ID, batch, 0, 0, SCHEMA, run=1)
-    txn = sink.begin(task)
-    txn.write(pa.record_batch({"key": [key], "value": [key]}))
-    data = txn.prepare()
-    txn.close()
-    return Prepared(task.transaction_id, data)
+    return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 
 @pytest.fixture

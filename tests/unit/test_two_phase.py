@@ -14,6 +14,7 @@ from epochal.fence import LEASE_RECORD
 from epochal.jobs import JobDirectory, JobRecord, new_owner
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
 from epochal.store import SnapshotStore, put_record
+from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink
 from epochal_map.store import MapStore
 from epochal_sdk import FencedError, Field, Options, Prepared, TaskContext, transaction_prefix
@@ -61,11 +62,8 @@ def prepare(
     run: int = 1,
 ) -> Prepared:
     task = TaskContext(job, sink_id, batch, partition, attempt, SCHEMA, run=run)
-    txn = sink.begin(task)
-    txn.write(pa.RecordBatch.from_pydict({"key": list(rows), "value": list(rows.values())}))
-    data = txn.prepare()
-    txn.close()
-    return Prepared(task.transaction_id, data)
+    records = pa.RecordBatch.from_pydict({"key": list(rows), "value": list(rows.values())})
+    return prepare_transaction(sink, task, records)
 
 
 def entries(path: Path) -> dict[str, str]:

@@ -25,6 +25,7 @@ from epochal.testing.kit import (
     SourceUnderTest,
     run_case,
 )
+from epochal.testing.transactions import prepare_transaction
 
 __all__ = [
     "Case",
@@ -33,5 +34,6 @@ __all__ = [
     "Scenario",
     "SinkUnderTest",
     "SourceUnderTest",
+    "prepare_transaction",
     "run_case",
 ]
