@@ -142,6 +142,24 @@ def spread(
     )
 
 
+def ratio_lines(
+    ratios: dict[str, Sequence[float]], targets: dict[str, float], width: int = 52
+) -> list[str]:
+    """One printed line per ratio: its label (with its target, if any) and the
+    :class:`Spread` of its per-round values."""
+    lines = []
+    for label, values in ratios.items():
+        goal = f" (target >= {targets[label]})" if label in targets else ""
+        lines.append(f"  {label + goal:<{width}} {spread(values)}")
+    return lines
+
+
+def epochal_options(snapshot_dir: str, guarantee: str, job: str) -> dict[str, str]:
+    """The ``epochal.*`` options of one benchmark query: its own job (so no state is shared
+    between queries) with the guarantee asked for."""
+    return {"epochal.snapshotDir": snapshot_dir, "epochal.guarantee": guarantee, "epochal.job": job}
+
+
 def write_plot(
     path: str,
     title: str,

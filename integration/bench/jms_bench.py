@@ -42,11 +42,12 @@ from epochal_jms.testing import MARKER_HEADER, send, url_of
 from integration.bench.common import (
     Result,
     bench_session,
+    epochal_options,
     machine,
     quantile,
+    ratio_lines,
     rotated,
     run_available_now,
-    spread,
     write_plot,
 )
 
@@ -190,11 +191,7 @@ class Bench:
 
     def common(self, job: str, guarantee: str) -> dict[str, str]:
         """The epochal options of one query (its own job, so no state is shared)."""
-        return {
-            "epochal.snapshotDir": f"{self.workdir}/snap",
-            "epochal.guarantee": guarantee,
-            "epochal.job": job,
-        }
+        return epochal_options(f"{self.workdir}/snap", guarantee, job)
 
     def consume_loop(self, turn: int) -> Result:
         """The bare client, source side."""
@@ -318,9 +315,7 @@ def report(rounds: Rounds) -> str:
             f"{quantile(ms, 0.5):>13.0f} {quantile(ms, 0.99):>13.0f}  {'; '.join(notes)}"
         )
     lines.append("ratios of steady rates, within each round (median, spread):")
-    for label, (top, bottom) in RATIOS.items():
-        goal = f" (target >= {TARGETS[label]})" if label in TARGETS else ""
-        lines.append(f"  {label + goal:<52} {spread(rounds.ratio(top, bottom))}")
+    lines += ratio_lines({k: rounds.ratio(*pair) for k, pair in RATIOS.items()}, TARGETS)
     lines.append("Spark's phases, mean ms per batch after the first:")
     for way in (SOURCE_EO, SOURCE_ALO, SINK_EO, SINK_ALO):
         shown = ", ".join(f"{k} {v:.0f}" for k, v in rounds.phases(way).items() if v >= 1)

@@ -59,6 +59,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from integration.bench.common import (
     Result,
     bench_session,
+    epochal_options,
     quantile,
     rotated,
     run_available_now,
@@ -277,6 +278,21 @@ def run_query(
     return Result(name, sum(rows), sum(batch_ms) / 1000, batch_ms, batch_rows=rows, phases=phases)
 
 
+def epochal_kafka_reader(
+    spark: Any, bootstrap: str, topic: str, limit: int, options: dict[str, str]
+) -> Any:
+    """A streaming DataFrame of ``epochal.kafka`` over ``topic``, at most ``limit`` records
+    per batch, with the query's ``epochal.*`` ``options``."""
+    return (
+        spark.readStream.format("epochal.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("maxRecordsPerBatch", str(limit))
+        .options(**options)
+        .load()
+    )
+
+
 class Bench:
     """The variants on one broker and one SparkSession."""
 
@@ -353,19 +369,9 @@ class Bench:
             if variant == EXACTLY_ONCE
             else ("idempotent", "at-least-once")
         )
-        common = {
-            "epochal.snapshotDir": f"{self.workdir}/snap",
-            "epochal.guarantee": guarantee,
-            "epochal.job": f"bench-{mode}-{turn}",
-        }
-        reader = (
-            self.spark.readStream.format("epochal.kafka")
-            .option("kafka.bootstrap.servers", self.bootstrap)
-            .option("subscribe", source)
-            .option("maxRecordsPerBatch", str(limit))
-            .options(**common)
-            .load()
-            .select("key", "value")
+        common = epochal_options(f"{self.workdir}/snap", guarantee, f"bench-{mode}-{turn}")
+        reader = epochal_kafka_reader(self.spark, self.bootstrap, source, limit, common).select(
+            "key", "value"
         )
         return run_query(
             self.spark,

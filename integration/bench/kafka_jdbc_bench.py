@@ -38,12 +38,21 @@ from collections.abc import Callable
 
 import psycopg
 
-from integration.bench.common import bench_session, machine, quantile, rotated, spread, write_plot
+from integration.bench.common import (
+    bench_session,
+    epochal_options,
+    machine,
+    quantile,
+    ratio_lines,
+    rotated,
+    write_plot,
+)
 from integration.bench.kafka_bench import (
     PARTITIONS,
     VALUE_BYTES,
     Bench,
     Run,
+    epochal_kafka_reader,
     produce_input,
     run_query,
 )
@@ -74,20 +83,10 @@ class KafkaToPostgres:
         mode, guarantee = WAYS[way]
         table = f"bench_{mode}_{turn}_{uuid.uuid4().hex[:6]}"
         workdir = self.kafka.workdir
-        common = {
-            "epochal.snapshotDir": f"{workdir}/snap",
-            "epochal.guarantee": guarantee,
-            "epochal.job": f"bench-{mode}-{turn}",
-        }
-        reader = (
-            self.spark.readStream.format("epochal.kafka")
-            .option("kafka.bootstrap.servers", self.kafka.bootstrap)
-            .option("subscribe", source)
-            .option("maxRecordsPerBatch", str(limit))
-            .options(**common)
-            .load()
-            .selectExpr("CAST(key AS STRING) AS id", "CAST(value AS STRING) AS value")
-        )
+        common = epochal_options(f"{workdir}/snap", guarantee, f"bench-{mode}-{turn}")
+        reader = epochal_kafka_reader(
+            self.spark, self.kafka.bootstrap, source, limit, common
+        ).selectExpr("CAST(key AS STRING) AS id", "CAST(value AS STRING) AS value")
         sink = {"url": self.dsn, "table": table, "mode": mode, "createTable": "true", **common}
         if mode == "idempotent":
             sink["keyColumns"] = "id"
@@ -139,9 +138,7 @@ def report(runs: list[Run]) -> tuple[str, dict[str, list[float]], dict[str, list
             f"{quantile(ms, 0.5):>13.0f} {quantile(ms, 0.9):>6.0f}  {complete}/{len(values)}"
         )
     lines.append("ratios of throughput, within each round (median, spread):")
-    for label, (top, bottom) in RATIOS.items():
-        goal = f" (target >= {TARGETS[label]})" if label in TARGETS else ""
-        lines.append(f"  {label + goal:<62} {spread(ratios(runs, top, bottom))}")
+    lines += ratio_lines({k: ratios(runs, *pair) for k, pair in RATIOS.items()}, TARGETS, 62)
     lines.append("Spark's phases, mean ms per measured batch:")
     for way in WAYS:
         mine = [r.phases for r in runs if r.variant == way and r.phases]
