@@ -12,16 +12,42 @@ Submit a job::
     Job.submit("totals", "myjobs:build", JobConfig(guarantee="exactly-once")).join()
 """
 
-from epochal.api import Job, list_jobs
-from epochal.config import JobConfig
-from epochal.jobs import JobRecord, JobStatus
-from epochal_sdk import Guarantee
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epochal.api import Job, list_jobs
+    from epochal.config import JobConfig
+    from epochal.jobs import JobRecord, JobStatus
+    from epochal_sdk import Guarantee
 
 __all__ = ["Guarantee", "Job", "JobConfig", "JobRecord", "JobStatus", "list_jobs", "register"]
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Job": "epochal.api",
+    "list_jobs": "epochal.api",
+    "JobConfig": "epochal.config",
+    "JobRecord": "epochal.jobs",
+    "JobStatus": "epochal.jobs",
+    "Guarantee": "epochal_sdk",
+}
 
-def register(spark, names=None):
+
+def __getattr__(name: str) -> Any:
+    """The API's names, imported on first use: the Python processes Spark starts for a query
+    import ``epochal.spark`` (and so this package) but never the supervisor's modules."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'epochal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def register(spark: Any, names: list[str] | None = None) -> list[str]:
     """Register the installed connectors on a SparkSession (``format("epochal.<name>")``)."""
     from epochal.spark.datasource import register as _register
 

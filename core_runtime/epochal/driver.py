@@ -290,6 +290,10 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     """A SparkSession for a profile (its master, state store and settings)."""
     from pyspark.sql import SparkSession
 
+    from epochal.spark.home import use_fast_spark_home
+
+    use_fast_spark_home(profile.master)
+
     builder = (
         SparkSession.builder.master(profile.master)
         .appName(app_name)
@@ -472,15 +476,17 @@ class Driver:
             query = self._start_query(build)
             self.phases.mark("query start")
             outcome = self._watch(query)
+            seen = time.time()  # the failed query has ended: its run ends here
             if outcome is None:
                 return EXIT_DONE
             failure = identify(outcome)
             if failure.failure is Failure.FATAL or not failure.in_place or not self._healthy():
                 return self._fail(outcome)
-            if not self._restart_in_place(outcome):
+            if not self._restart_in_place(outcome, seen):
                 return EXIT_FATAL
-            kind, started = "in-place", time.time()
+            kind, started = "in-place", seen
             self.phases = Phases(started)
+            self.phases.mark("restart")  # the record, the old query's tasks, the backoff
 
     def _check_quorum(self) -> None:
         assert self.jobdir is not None and self.record is not None
@@ -602,13 +608,14 @@ class Driver:
         except Exception:
             return False
 
-    def _restart_in_place(self, text: str) -> bool:
+    def _restart_in_place(self, text: str, ended: float) -> bool:
         """Count the restart, back off, wait for the old query's tasks; False when the
-        job's restart limit is reached (the failure is recorded)."""
+        job's restart limit is reached (the failure is recorded). ``ended``: when the failed
+        query was seen to end."""
         summary = _summary(text)
         assert self.jobdir is not None
         with self.jobdir.update(self.fence) as current:
-            self._end_run(current, summary)
+            self._end_run(current, summary, ended)
             if current.restarts_in_a_row >= self.config.max_restarts:
                 current.failure = (
                     f"{summary}; gave up after {current.restarts_in_a_row} restarts in a row "
@@ -628,10 +635,10 @@ class Driver:
         time.sleep(backoff)
         return True
 
-    def _end_run(self, current: JobRecord, outcome: str) -> None:
+    def _end_run(self, current: JobRecord, outcome: str, ended: float | None = None) -> None:
         entry = current.run_entry(self.current.run)
         if entry is not None:
-            entry["ended"] = time.time()
+            entry["ended"] = ended or time.time()
             entry["outcome"] = outcome[:300]
 
     def _fail(self, text: str) -> int:
@@ -678,6 +685,10 @@ class Driver:
                     entry["first_batch"] = batch
                     entry["first_batch_at"] = time.time()
                     entry["first_batch_s"] = round(time.time() - started, 3)
+                    entry["first_batch_rows"] = rows
+                    entry["first_batch_spark_ms"] = {
+                        str(k): int(v) for k, v in dict(progress.durationMs or {}).items()
+                    }
                     self.phases.mark("first batch")
                     entry["phases"] = self.phases.as_dict()
                     if entry.get("failed_at"):

@@ -92,6 +92,9 @@ def connectors(manager: pluggy.PluginManager | None = None) -> dict[str, type[Co
 
 def connector(name: str) -> Connector:
     """An instance of the connector ``name``; a clear error naming the installed ones."""
+    alone = _installed_alone(name)
+    if alone is not None:
+        return alone()
     available = connectors()
     if name not in available and name in BROKEN:
         raise ConfigError(
@@ -109,6 +112,28 @@ def connector(name: str) -> Connector:
             f"pip install epochal-{name}, or check the name after 'epochal.'",
         )
     return available[name]()
+
+
+@functools.cache
+def _installed_alone(name: str) -> type[Connector] | None:
+    """Connector ``name`` loaded from the installed plugin of the same entry point name alone,
+    without importing every other installed connector (and its client library): each Python
+    process Spark starts for a query (the source runner, the planner and task workers) needs
+    one or two connectors, and importing all of them costs it ~0.15 s. None when no such
+    plugin registers it (then every plugin is loaded). Two plugins registering one name are
+    refused by :func:`connectors`, which :func:`epochal.register` and the CLI run on the
+    driver."""
+    if os.environ.get(EXTRA_PLUGINS_ENV, "").strip():
+        return None  # extra plugin modules may shadow an installed one: load them all
+    for entry_point in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP, name=name):
+        try:
+            manager = pluggy.PluginManager(specs.PROJECT)
+            manager.add_hookspecs(specs)
+            manager.register(entry_point.load(), name=entry_point.name)
+            return connectors(manager).get(name)
+        except Exception:  # reported, with the others, by the full discovery
+            return None
+    return None
 
 
 SPARK_OWN_OPTIONS = frozenset({"checkpointlocation"})

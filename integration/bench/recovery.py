@@ -211,7 +211,28 @@ class Bench:
             processes.kill_run(token)
         first = self._wait(lambda: self._new_run_committed(killed_at), "a new run's batch", 600)
         self._wait(lambda: self._caught_up(produced), "the sink to catch up", 600)
-        return Sample(kind, self.size_mb, first - killed_at, time.time() - killed_at)
+        caught_up = time.time()
+        self.say(self._breakdown(killed_at))
+        return Sample(kind, self.size_mb, first - killed_at, caught_up - killed_at)
+
+    def _breakdown(self, killed_at: float) -> str:
+        """Where the recovery went: when the failed run ended (the failure was seen), when
+        the new run started, and its phases (seconds each) up to its first batch."""
+        runs = self.job.status().runs
+        new = next((r for r in runs if float(r.get("started", 0.0)) > killed_at), {})
+        ended = [float(r["ended"]) for r in runs if r.get("ended") and r is not new]
+        seen = min((e for e in ended if e >= killed_at), default=None)
+        steps = [f"failure seen +{seen - killed_at:.2f}s" if seen else "failure seen ?"]
+        if new:
+            steps.append(f"new run +{float(new['started']) - killed_at:.2f}s")
+            steps += [f"{name} {spent:.2f}" for name, spent in (new.get("phases") or {}).items()]
+            spark = new.get("first_batch_spark_ms") or {}
+            if spark:
+                steps.append(
+                    f"its {new.get('first_batch_rows')} rows: "
+                    + " ".join(f"{k} {v}" for k, v in spark.items() if v >= 20)
+                )
+        return "        " + ", ".join(steps)
 
     def _new_run_committed(self, moment: float) -> float | None:
         """When the first run started after ``moment`` committed its first batch."""

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epochal.spark.home import fast_spark_home
+
 from ._process import (
     HOST,
     HarnessError,
@@ -77,7 +79,8 @@ def _daemon_env(home: Path) -> dict[str, str]:
         env.pop(name, None)
     env.update(
         {
-            "SPARK_HOME": str(home),
+            # as epochal's drivers do: executors' Python workers import compiled PySpark
+            "SPARK_HOME": fast_spark_home(str(home)),
             # What bin/load-spark-env.sh sets; without it a worker cannot build an executor's
             # command line ("Cannot find any build directories").
             "SPARK_SCALA_VERSION": scala_version(home),

@@ -23,8 +23,10 @@ def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(registry.EXTRA_PLUGINS_ENV, raising=False)
     monkeypatch.syspath_prepend(str(PLUGINS))
     registry.plugin_manager.cache_clear()
+    registry._installed_alone.cache_clear()
     yield
     registry.plugin_manager.cache_clear()
+    registry._installed_alone.cache_clear()
 
 
 def test_map_is_found_through_its_entry_point() -> None:
@@ -32,6 +34,32 @@ def test_map_is_found_through_its_entry_point() -> None:
     assert found["map"] is MapConnector
     assert "testqueue" not in found
     assert isinstance(registry.connector("map"), MapConnector)
+
+
+def test_a_connector_is_loaded_without_importing_the_others() -> None:
+    """A Python process Spark starts for a query needs one connector: it must not pay the
+    imports of every installed one (and their client libraries)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from epochal import registry; registry.connector('map'); "
+        "print(sorted(m for m in sys.modules if m.startswith('epochal_') and '.' not in m))"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != registry.EXTRA_PLUGINS_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.strip() == "['epochal_map', 'epochal_sdk']"
+
+
+def test_extra_plugins_take_the_full_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EPOCHAL_PLUGINS module may register a connector of any name (even shadow an
+    installed one's): then every plugin is loaded."""
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "epochal.testing.broker")
+    assert registry._installed_alone("map") is None
+    assert registry._installed_alone("testqueue") is None
+    assert registry.connector("testqueue").name == "testqueue"
 
 
 def test_unknown_connector_names_the_installed_ones() -> None:

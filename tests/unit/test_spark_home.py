@@ -1,0 +1,63 @@
+"""The fast SPARK_HOME: PySpark's Python processes import PySpark from its bytecode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epochal.spark import home
+
+
+def test_the_fast_home_has_everything_but_the_source_zips(tmp_path: Path) -> None:
+    package = home.package_home()
+    assert package is not None, "pip's pyspark is Spark's home"
+    fast = Path(home.fast_spark_home(package, root=str(tmp_path)))
+    assert (fast / "bin" / "spark-submit").resolve() == Path(package, "bin", "spark-submit")
+    assert (fast / "jars").is_dir()
+    assert sorted(os.listdir(fast / "python" / "lib")) == []
+    assert set(os.listdir(Path(package) / "python" / "lib")) >= {"pyspark.zip"}
+    again = home.fast_spark_home(package, root=str(tmp_path))  # made once, then found
+    assert Path(again) == fast
+    assert [p.name for p in tmp_path.iterdir()] == [fast.name]  # no building leftovers
+
+
+def test_it_is_used_only_where_it_is_safe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPARK_HOME", "/opt/spark")
+    assert home.use_fast_spark_home("local[2]") is None  # the user's own Spark
+    monkeypatch.delenv("SPARK_HOME")
+    assert home.use_fast_spark_home("yarn") is None  # YARN ships pyspark.zip to executors
+    monkeypatch.setenv(home.SWITCH_ENV, "asis")
+    assert home.use_fast_spark_home("local[2]") is None
+    monkeypatch.delenv(home.SWITCH_ENV)
+    chosen = home.use_fast_spark_home("local[2]")
+    assert chosen is not None and chosen.startswith(str(tmp_path))
+    assert os.environ["SPARK_HOME"] == chosen
+
+
+@pytest.mark.spark
+def test_python_workers_import_pyspark_compiled(tmp_path: Path) -> None:
+    """A Python worker of a session epochal builds imports PySpark from the installed
+    package, not from Spark's source zip (fails if the fast home is not used)."""
+    code = (
+        "import pyspark\n"
+        "from epochal.driver import SessionProfile, spark_session\n"
+        "spark = spark_session(SessionProfile('local[1]'))\n"
+        "where = spark.sparkContext.parallelize([0], 1).map(\n"
+        "    lambda _: __import__('pyspark').__file__).collect()[0]\n"
+        "print('WORKER', where)\n"
+        "spark.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", home.SWITCH_ENV)}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("WORKER ")]
+    assert lines, result.stdout + result.stderr[-3000:]
+    where = lines[0].split(" ", 1)[1]
+    assert ".zip" not in where and where.endswith("__init__.py"), where
