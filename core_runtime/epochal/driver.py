@@ -357,6 +357,50 @@ def checkpoint_manifest(state: str, batch: int, fence: Fence) -> None:
 
 
 # -- runs ----------------------------------------------------------------------------------
+SOURCE_RUNNER_MODULE = b"python_streaming_source_runner"
+"""What PySpark's streaming source runner (one Python process per Python source of a query,
+kept for the query's whole run) shows in its command line."""
+RUNNER_DEATH_MARK = "PythonStreamingSourceRunner"
+"""Begins the failure text of a run whose source runner the driver saw die (a crashed
+Python worker on the driver: restarted in place, see :mod:`epochal.failures`)."""
+
+
+class SourceRunnerWatch:
+    """Notices at once when a streaming source runner of the query dies (killed, crashed).
+
+    Spark notices only at its next call into the runner: the next trigger, or the end of the
+    batch in flight, a whole trigger interval later at worst; the driver stops the query and
+    restarts it in place now instead. The runners are the children of the driver's JVM
+    started after the query (looked for until the query's first batch, at most
+    ``LOOK_SECONDS``; a query without Python sources has none)."""
+
+    LOOK_SECONDS = 60.0
+
+    def __init__(self, jvm_pid: int | None) -> None:
+        self.jvm_pid = jvm_pid
+        self.before = set(self._runners())
+        self.pids: set[int] = set()
+        self.looking_until = time.monotonic() + self.LOOK_SECONDS
+
+    def _runners(self) -> list[int]:
+        if self.jvm_pid is None:
+            return []
+        return processes.children_running(self.jvm_pid, SOURCE_RUNNER_MODULE)
+
+    def dead(self, first_batch_seen: bool) -> int | None:
+        """A runner of this query that has died since it started (its pid), else None."""
+        if not first_batch_seen and time.monotonic() < self.looking_until:
+            self.pids.update(p for p in self._runners() if p not in self.before)
+        return next((pid for pid in sorted(self.pids) if not processes.alive(pid)), None)
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The pid of the driver's JVM (PySpark started it as a child of this process)."""
+    with contextlib.suppress(Exception):
+        return int(spark.sparkContext._gateway.proc.pid)
+    return None
+
+
 class Phases:
     """Where a run's start went: seconds spent in each step up to its first batch (the
     process and its session, connector registration, binding to the job, the quorum, the
@@ -402,6 +446,7 @@ class Driver:
         self.current = RunState()
         self.spark: Any = None
         self.phases = Phases(time.time())
+        self.runners = SourceRunnerWatch(None)
 
     @property
     def state(self) -> str:
@@ -571,6 +616,7 @@ class Driver:
             writer = writer.trigger(
                 processingTime=f"{int(self.config.snapshot_interval * 1000)} milliseconds"
             )
+        self.runners = SourceRunnerWatch(_jvm_pid(self.spark))
         query = writer.start()
         with self.current.lock:
             self.current.query_run_id = str(query.runId)
@@ -583,13 +629,21 @@ class Driver:
         assert self.jobdir is not None
         while query.isActive:
             try:
-                query.awaitTermination(0.5)
+                query.awaitTermination(0.2)
             except Exception:  # it failed: query.exception() below has the whole story
                 break
             requested = self.jobdir.load().requested
             if requested in ("cancel", "suspend"):
                 query.stop()
                 return None
+            dead = self.runners.dead(self.current.first_batch_seen)
+            if dead is not None and not _ends_by_itself(query):
+                query.stop()
+                return (
+                    f"{RUNNER_DEATH_MARK}: the query's Python streaming source runner (pid "
+                    f"{dead}) died (killed or crashed); the driver stops the query now rather "
+                    "than at Spark's next call into it, and restarts it in place"
+                )
         error = query.exception()
         if error is not None:
             return _failure_text(error)
@@ -742,6 +796,16 @@ def make_listener(driver: Driver) -> Any:
             pass
 
     return ProgressListener()
+
+
+def _ends_by_itself(query: Any) -> bool:
+    """Whether a query whose source runner is gone ends within a moment anyway: one that
+    stops (finished, or stopping on a request) stops its runners first, and one whose
+    failure Spark already met ends with its own error."""
+    try:
+        return bool(query.awaitTermination(0.3))
+    except Exception:
+        return True
 
 
 def _wait_for_idle(spark: Any, seconds: float) -> None:

@@ -71,6 +71,28 @@ def python_workers(token: str) -> list[int]:
     return found
 
 
+def children_running(parent: int, module: bytes) -> list[int]:
+    """The live child processes of ``parent`` whose command line names ``module`` (a Python
+    module run with ``-m``): e.g. the streaming source runners a Spark driver's JVM starts."""
+    if not os.path.isdir("/proc"):
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != parent or fields[0] in ("Z", "X"):
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if module in fh.read():
+                    found.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def _is_zombie(pid: int) -> bool:
     """A process that exited and waits to be reaped (it can no longer do anything)."""
     try:

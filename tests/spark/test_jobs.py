@@ -4,12 +4,13 @@ snapshot verification before a restart."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from epochal import Job, JobConfig, JobStatus
+from epochal import Job, JobConfig, JobStatus, processes
 from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
@@ -143,6 +144,38 @@ def test_a_continuous_query_that_stops_on_its_own_is_restarted(
     _wait(lambda: len(_output(map_path)) == 250, "all 250 records after the restart")
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
+
+
+def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place(
+    tmp_path: Path, map_path: str
+) -> None:
+    """Spark notices a dead streaming source runner only at its next call into it (the next
+    trigger, 8 s later here); the driver's watch stops the query and restarts it in place at
+    once (without the watch the run would end with Spark's error at the next trigger)."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=8.0)
+    job = Job.submit("runner", "pipelines:copy", config, report=lambda line: None)
+    _wait(lambda: len(_output(map_path)) >= 50, "the first batch")
+    token = str(job.status().driver.get("token"))
+    runners = [
+        pid for pid in processes.processes_of(token) if b"streaming_source_runner" in _argv(pid)
+    ]
+    assert len(runners) == 1, runners
+    os.kill(runners[0], signal.SIGKILL)
+    _wait(lambda: len(job.status().runs) >= 2, "a second run")
+    record = job.status()
+    assert record.runs[-1]["kind"] == "in-place", record.runs
+    assert f"source runner (pid {runners[0]}) died" in str(record.runs[-2].get("outcome"))
+    _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
+    job.cancel()
+    assert job.join(120).status == JobStatus.CANCELLED
+
+
+def _argv(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def _wait(condition, what: str, seconds: float = 240.0) -> None:
