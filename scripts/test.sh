@@ -24,5 +24,7 @@ phase "python packages" "$PYTHON" scripts/install.py
 PYTHON="$("$PYTHON" scripts/install.py --python)"
 export PYTHON
 phase "integration prerequisites" bash .ci/install-integration
+# faster driver starts (a JVM class-data archive; made once per machine, then kept)
+phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers start without it)"' "$PYTHON"
 phase "lint (ruff)" "$PYTHON" -m ruff check .
 phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=40 "$@"

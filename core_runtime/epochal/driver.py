@@ -290,6 +290,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     """A SparkSession for a profile (its master, state store and settings)."""
     from pyspark.sql import SparkSession
 
+    from epochal.spark.classdata import driver_java_options
     from epochal.spark.home import use_fast_spark_home
 
     use_fast_spark_home(profile.master)
@@ -317,8 +318,12 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
         )
     for key, value in objectstore.spark_conf().items():  # s3a:// checkpoints, executors' store
         builder = builder.config(key, value)
-    for key, value in profile.spark_conf:
+    conf = dict(profile.spark_conf)
+    for key, value in conf.items():
         builder = builder.config(key, value)
+    java_options = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+    if java_options:  # the class-data archive, when there is one (a faster JVM start)
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

@@ -61,3 +61,50 @@ def test_python_workers_import_pyspark_compiled(tmp_path: Path) -> None:
     assert lines, result.stdout + result.stderr[-3000:]
     where = lines[0].split(" ", 1)[1]
     assert ".zip" not in where and where.endswith("__init__.py"), where
+
+
+def test_driver_options_name_the_class_data_archive_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from epochal.spark import classdata
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(classdata.SWITCH_ENV, raising=False)
+    assert classdata.driver_java_options("-Xss4m") == "-Xss4m"  # none made yet
+    spark_home = home.package_home()
+    assert spark_home is not None
+    monkeypatch.setenv("SPARK_HOME", spark_home)
+    archive = classdata.archive_path(spark_home)
+    assert archive is not None and archive.startswith(str(tmp_path))
+    os.makedirs(os.path.dirname(archive))
+    Path(archive).write_bytes(b"")
+    options = classdata.driver_java_options("-Xss4m")
+    assert options.startswith(f"-XX:SharedArchiveFile={archive} -Xshare:auto")
+    assert options.endswith("-Xss4m")
+    dumping = "-XX:ArchiveClassesAtExit=/tmp/x.jsa"
+    assert classdata.driver_java_options(dumping) == dumping  # never both
+    monkeypatch.setenv(classdata.SWITCH_ENV, "off")
+    assert classdata.driver_java_options("-Xss4m") == "-Xss4m"
+
+
+@pytest.mark.spark
+def test_a_driver_jvm_maps_the_class_data_archive() -> None:
+    """After ``epochal prepare``, a driver's JVM starts from the archive (it is mapped into
+    its memory); without the mechanism it is not."""
+    from epochal.spark import classdata
+
+    archive = classdata.prepare(report=lambda line: None)
+    assert archive is not None, "no class-data archive could be made"
+    code = (
+        "from epochal.driver import SessionProfile, spark_session\n"
+        "spark = spark_session(SessionProfile('local[1]'))\n"
+        "pid = spark.sparkContext._gateway.proc.pid\n"
+        "maps = open(f'/proc/{pid}/maps').read()\n"
+        f"print('MAPPED', {archive!r} in maps)\n"
+        "spark.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", classdata.SWITCH_ENV)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert "MAPPED True" in result.stdout, result.stdout + result.stderr[-3000:]
