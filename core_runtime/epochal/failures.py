@@ -114,7 +114,8 @@ KINDS: tuple[FailureKind, ...] = (
         ),
         Failure.RESTARTABLE,
         True,
-        "kit: driver-side and executor Python workers killed (SIGKILL)",
+        "kit: driver-side and executor Python workers killed (SIGKILL); "
+        "tests/spark/test_jobs.py (a killed source runner seen at once)",
     ),
     FailureKind(
         "a continuous job's query stopped without an error and without a request",
