@@ -150,11 +150,14 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     tmp_path: Path, map_path: str
 ) -> None:
     """Spark notices a dead streaming source runner only at its next call into it (the next
-    trigger, 8 s later here); the driver's watch stops the query and restarts it in place at
-    once (without the watch the run would end with Spark's error at the next trigger)."""
-    config = _config(tmp_path, available_now=False, snapshot_interval=8.0)
+    trigger, up to 60 s later here); the driver's watch stops the query and restarts it in
+    place at once (without the watch the run would end with Spark's error at the next
+    trigger). The kill waits for batch 0's progress event: then the query is idle until the
+    next trigger and nothing of Spark's calls into the runner before the watch sees it."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=60.0)
     job = Job.submit("runner", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) >= 50, "the first batch")
+    _wait(lambda: job.status().progress.get("batch", -1) >= 0, "batch 0's progress event")
     token = str(job.status().driver.get("token"))
     runners = [
         pid for pid in processes.processes_of(token) if b"streaming_source_runner" in _argv(pid)
@@ -164,7 +167,8 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     _wait(lambda: len(job.status().runs) >= 2, "a second run")
     record = job.status()
     assert record.runs[-1]["kind"] == "in-place", record.runs
-    assert f"source runner (pid {runners[0]}) died" in str(record.runs[-2].get("outcome"))
+    outcome = str(record.runs[-2].get("outcome"))
+    assert f"source runner (pid {runners[0]}) died" in outcome, outcome
     _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
