@@ -87,6 +87,20 @@ def test_driver_options_name_the_class_data_archive_when_there_is_one(
     assert classdata.driver_java_options("-Xss4m") == "-Xss4m"
 
 
+def test_a_killed_dump_leaves_no_partial_archive_behind(tmp_path: Path) -> None:
+    """A dump killed half-way leaves ``<archive>.<pid>.partial`` (about 130 MB); the next
+    prepare deletes those of dead processes and keeps one a live process is writing."""
+    from epochal.spark import classdata
+
+    dead = tmp_path / "spark-driver-ab.jsa.999999999.partial"  # above any Linux pid
+    live = tmp_path / f"spark-driver-ab.jsa.{os.getpid()}.partial"
+    archive = tmp_path / "spark-driver-ab.jsa"
+    for path in (dead, live, archive):
+        path.write_bytes(b"x")
+    classdata._remove_dead_partials(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, archive.name])
+
+
 @pytest.mark.spark
 def test_a_driver_jvm_maps_the_class_data_archive() -> None:
     """After ``epochal prepare``, a driver's JVM starts from the archive (it is mapped into

@@ -9,8 +9,8 @@ Spark job runs in 1.4 s instead of 2.4-2.6 s.
 The archive fits one JVM build, one Spark home and one class path, so its name carries a
 hash of all three. :func:`prepare` makes it once: a JVM that starts a session, runs the
 warm-up query (:mod:`epochal.spark.warmup`: the classes of a streaming query with Python
-sources and sinks and state) and exits writes it; ``python -m epochal prepare`` and
-``scripts/install.py`` call it. :func:`driver_java_options` adds it to a driver's
+sources and sinks and state) and exits writes it; ``python -m epochal prepare`` calls it
+(``scripts/test.sh`` runs that before the tests). :func:`driver_java_options` adds it to a driver's
 JVM options when it exists; a JVM that finds it does not fit (another class path, an
 updated JDK) ignores it (``-Xshare:auto``) and starts as before.
 """
@@ -109,6 +109,7 @@ def prepare(report: object = print, force: bool = False) -> str | None:
         _wait_for(archive, lock)
         return archive if os.path.isfile(archive) else None
     os.close(fd)
+    _remove_dead_partials(os.path.dirname(archive))
     try:
         report(f"epochal: preparing the JVM class-data archive for Spark drivers ({archive})")
         started = time.monotonic()
@@ -135,6 +136,17 @@ def prepare(report: object = print, force: bool = False) -> str | None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(lock)
+
+
+def _remove_dead_partials(directory: str) -> None:
+    """Delete ``<archive>.<pid>.partial`` files of dumps whose process is gone (killed)."""
+    for name in os.listdir(directory):
+        parts = name.split(".")
+        if len(parts) < 3 or parts[-1] != "partial" or not parts[-2].isdigit():
+            continue
+        if not os.path.exists(f"/proc/{parts[-2]}"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
 
 
 def _wait_for(archive: str, lock: str, seconds: float = 600.0) -> None:
