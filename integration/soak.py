@@ -288,15 +288,18 @@ class Soak:
         if kind in ("worker", "executor"):
             if kind == "executor":
                 needle = b"CoarseGrainedExecutorBackend"
-                victims = [p for p in processes.processes_of(token) if needle in _cmdline(p)]
+                victims = [
+                    p for p in processes.processes_of(token) if needle in processes.command_line(p)
+                ]
             else:
                 victims = processes.python_workers(token)
             if not victims:
                 return self.kill("driver")
             victim = self.random.choice(victims)
+            argv = processes.command_line(victim).replace(b"\0", b" ")  # before it is gone
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
-            return Kill(kind, now, f"pid {victim} ({_cmdline(victim)[:60]!r})")
+            return Kill(kind, now, f"pid {victim} ({argv[:60]!r})")
         server = self.kafka if self.random.random() < 0.5 else self.postgres
         name = "Kafka" if server is self.kafka else "PostgreSQL"
         server.kill()
@@ -443,14 +446,6 @@ class Soak:
     @staticmethod
     def say(line: str) -> None:
         print(f"[soak {time.strftime('%H:%M:%S')}] {line}", flush=True)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ")
-    except OSError:
-        return b""
 
 
 def parser() -> argparse.ArgumentParser:

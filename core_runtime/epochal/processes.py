@@ -53,17 +53,22 @@ def processes_of(token: str) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> bytes:
+    """The process' arguments, NUL-separated as in ``/proc/<pid>/cmdline`` (empty: gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
 def python_workers(token: str) -> list[int]:
     """The PySpark Python processes of the run ``token``: daemons, task workers and the
     driver-side runners (``python -m pyspark...``), not the JVMs, whose class paths also
     name pyspark."""
     found = []
     for pid in processes_of(token):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
+        argv = command_line(pid).split(b"\0")
         if b"python" in os.path.basename(argv[0]) and any(
             arg.startswith(b"pyspark") for arg in argv[1:]
         ):
@@ -85,9 +90,8 @@ def children_running(parent: int, module: bytes) -> list[int]:
                 fields = fh.read().rsplit(")", 1)[1].split()
             if int(fields[1]) != parent or fields[0] in ("Z", "X"):
                 continue
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                if module in fh.read():
-                    found.append(int(name))
+            if module in command_line(int(name)):
+                found.append(int(name))
         except (OSError, IndexError, ValueError):
             continue
     return found

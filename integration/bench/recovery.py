@@ -195,7 +195,7 @@ class Bench:
             runners = [
                 p
                 for p in processes.processes_of(token)
-                if b"python_streaming_source_runner" in _cmdline(p)
+                if b"python_streaming_source_runner" in processes.command_line(p)
             ]
             os.kill(runners[0], signal.SIGKILL)
         else:
@@ -269,14 +269,6 @@ class Bench:
     @staticmethod
     def say(line: str) -> None:
         print(line, flush=True)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
 
 
 def _alive(pid: int) -> bool:

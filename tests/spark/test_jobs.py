@@ -160,7 +160,9 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     _wait(lambda: job.status().progress.get("batch", -1) >= 0, "batch 0's progress event")
     token = str(job.status().driver.get("token"))
     runners = [
-        pid for pid in processes.processes_of(token) if b"streaming_source_runner" in _argv(pid)
+        pid
+        for pid in processes.processes_of(token)
+        if b"streaming_source_runner" in processes.command_line(pid)
     ]
     assert len(runners) == 1, runners
     os.kill(runners[0], signal.SIGKILL)
@@ -172,14 +174,6 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
-
-
-def _argv(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
 
 
 def _wait(condition, what: str, seconds: float = 240.0) -> None:
