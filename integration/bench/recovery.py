@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal import processes
+
 SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
 
@@ -185,8 +187,6 @@ class Bench:
                 self.job.join(120)
 
     def _kill(self, kind: str) -> Sample:
-        from epochal import processes
-
         record = self.job.status()
         token = str(record.driver.get("token") or "")
         produced = self.producer.produced
@@ -244,7 +244,7 @@ class Bench:
     def _standby_ready(self) -> bool:
         record = self.job.status()
         pid = (record.supervisor or {}).get("standby_pid")
-        return bool(pid) and record.status.value == "RUNNING" and _alive(int(pid))
+        return bool(pid) and record.status.value == "RUNNING" and processes.alive(int(pid))
 
     def _caught_up(self, produced: int) -> bool:
         from epochal_map.store import MapStore
@@ -269,14 +269,6 @@ class Bench:
     @staticmethod
     def say(line: str) -> None:
         print(line, flush=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def table(samples: list[Sample]) -> str:
