@@ -572,6 +572,10 @@ class Driver:
                 "epoch": self.epoch,
                 "token": os.environ.get(processes.RUN_TOKEN_ENV),
             }
+            if current.supervisor.get("standby_pid") == os.getpid():  # promoted: no standby
+                current.supervisor = {
+                    k: v for k, v in current.supervisor.items() if not k.startswith("standby_")
+                }
             previous = current.runs[-1] if current.runs else None
             current.add_run(
                 {
@@ -634,7 +638,7 @@ class Driver:
         assert self.jobdir is not None
         while query.isActive:
             try:
-                query.awaitTermination(0.2)
+                query.awaitTermination(WATCH_POLL_SECONDS)
             except Exception:  # it failed: query.exception() below has the whole story
                 break
             requested = self.jobdir.load().requested
@@ -642,7 +646,7 @@ class Driver:
                 query.stop()
                 return None
             dead = self.runners.dead(self.current.first_batch_seen)
-            if dead is not None and not _ends_by_itself(query):
+            if dead is not None and not _ends_by_itself(self.spark, query):
                 query.stop()
                 return (
                     f"{RUNNER_DEATH_MARK}: the query's Python streaming source runner (pid "
@@ -803,14 +807,49 @@ def make_listener(driver: Driver) -> Any:
     return ProgressListener()
 
 
-def _ends_by_itself(query: Any) -> bool:
+#: How often the driver's watch looks at its query, the job record and the source runners.
+WATCH_POLL_SECONDS = 0.1
+#: How long a query whose source runner died may take to end by itself (a stopping query
+#: stops its runners first, then ends) before the driver stops it.
+ENDING_GRACE_SECONDS = 0.3
+#: The longest the driver lets a batch in flight finish after its source runner died.
+BATCH_IN_FLIGHT_SECONDS = 10.0
+#: What the driver's log says while it lets that batch finish.
+BATCH_IN_FLIGHT_NOTE = (
+    "the query's source runner died while a batch runs; letting the batch finish (its "
+    "Python workers stay in the pool) before the query is restarted in place"
+)
+
+
+def _ends_by_itself(spark: Any, query: Any) -> bool:
     """Whether a query whose source runner is gone ends within a moment anyway: one that
     stops (finished, or stopping on a request) stops its runners first, and one whose
-    failure Spark already met ends with its own error."""
-    try:
-        return bool(query.awaitTermination(0.3))
-    except Exception:
-        return True
+    failure Spark already met ends with its own error.
+
+    While it waits, a batch in flight is let finish (at most ``BATCH_IN_FLIGHT_SECONDS``):
+    its tasks do not need the runner, and stopping the query under them would destroy their
+    Python workers (a task interrupted mid-stream never returns its worker to the pool), so
+    the restarted query's first batch would fork new ones and import pandas and pyarrow again
+    (1-1.5 s on a 2-core machine). That batch commits as any batch does; Spark's next call
+    into the runner fails, or the driver stops the query first."""
+    tracker = spark.sparkContext.statusTracker()
+    started = time.monotonic()
+    said = False
+    while True:
+        try:
+            if query.awaitTermination(0.05):
+                return True
+        except Exception:
+            return True
+        waited = time.monotonic() - started
+        if waited >= BATCH_IN_FLIGHT_SECONDS:
+            return False
+        if waited >= ENDING_GRACE_SECONDS:
+            if not tracker.getActiveJobsIds():
+                return False
+            if not said:
+                sys.stderr.write(f"epochal driver: {BATCH_IN_FLIGHT_NOTE}\n")
+                said = True
 
 
 def _wait_for_idle(spark: Any, seconds: float) -> None:

@@ -114,6 +114,14 @@ def connector(name: str) -> Connector:
     return available[name]()
 
 
+def installed_names() -> list[str]:
+    """The names of the installed connector plugins (their entry points), without loading
+    any of them."""
+    return sorted(
+        {ep.name for ep in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP)}
+    )
+
+
 @functools.cache
 def _installed_alone(name: str) -> type[Connector] | None:
     """Connector ``name`` loaded from the installed plugin of the same entry point name alone,

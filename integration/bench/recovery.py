@@ -169,7 +169,7 @@ class Bench:
             thread.start()
             samples = []
             for turn in range(self.args.repeats):
-                for kind in KINDS:
+                for kind in self.args.kinds:
                     self._wait(self._standby_ready, "a warm standby", 600)
                     time.sleep(2.0)  # let the job settle into its steady pace
                     sample = self._kill(kind)
@@ -244,7 +244,12 @@ class Bench:
     def _standby_ready(self) -> bool:
         record = self.job.status()
         pid = (record.supervisor or {}).get("standby_pid")
-        return bool(pid) and record.status.value == "RUNNING" and processes.alive(int(pid))
+        return (
+            bool(pid)
+            and pid != (record.driver or {}).get("pid")
+            and record.status.value == "RUNNING"
+            and processes.alive(int(pid))
+        )
 
     def _caught_up(self, produced: int) -> bool:
         from epochal_map.store import MapStore
@@ -310,13 +315,13 @@ def plot(samples: list[Sample], path: str) -> str:
         (axes[1], "caught_up_s", "kill → output caught up"),
     ):
         for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
-            values = [
-                statistics.median(
-                    getattr(s, attr) for s in samples if s.kind == kind and s.size_mb == size
-                )
+            points = [
+                (size, [getattr(s, attr) for s in samples if (s.kind, s.size_mb) == (kind, size)])
                 for size in sizes
             ]
-            axis.plot(sizes, values, marker=marker, label=kind)
+            points = [(size, statistics.median(values)) for size, values in points if values]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker=marker, label=kind)
         axis.set_xscale("log")
         axis.set_xlabel("keyed state (MB, log scale)")
         axis.set_title(title)
@@ -329,6 +334,16 @@ def plot(samples: list[Sample], path: str) -> str:
     return path
 
 
+def _kinds(text: str) -> list[str]:
+    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown kill kind(s) {unknown or text!r}: choose from {', '.join(KINDS)}"
+        )
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m integration.bench.recovery")
     parser.add_argument(
@@ -339,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="kills per kind and size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        type=_kinds,
+        help="the kills to make, in turn (default: %(default)s)",
     )
     parser.add_argument(
         "--rate", type=float, default=200.0, help="events per second (default: %(default)s)"

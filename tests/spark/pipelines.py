@@ -10,19 +10,25 @@ from typing import Any
 
 def copy(spark: Any) -> Any:
     """map journal 'input' → map 'output' (the sink connector from EPOCHAL_TEST_SINK)."""
-    path = os.environ["EPOCHAL_TEST_MAP"]
-    sink = os.environ.get("EPOCHAL_TEST_SINK", "map")
-    events = (
+    return _to_output(_events(spark))
+
+
+def _events(spark: Any) -> Any:
+    return (
         spark.readStream.format("epochal.map")
-        .option("path", path)
+        .option("path", os.environ["EPOCHAL_TEST_MAP"])
         .option("map", "input")
         .option("maxRecordsPerBatch", "50")
         .load()
+        .selectExpr("key", "value")
     )
+
+
+def _to_output(frame: Any) -> Any:
+    sink = os.environ.get("EPOCHAL_TEST_SINK", "map")
     writer = (
-        events.selectExpr("key", "value")
-        .writeStream.format(f"epochal.{sink}")
-        .option("path", path)
+        frame.writeStream.format(f"epochal.{sink}")
+        .option("path", os.environ["EPOCHAL_TEST_MAP"])
         .option("map", "output")
         .option("mode", "transactional")
     )
@@ -53,3 +59,26 @@ def stops_itself_once(spark: Any) -> Any:
 
         threading.Thread(target=stop_after_first_batch, daemon=True).start()
     return copy(spark)
+
+
+def held_once(spark: Any) -> Any:
+    """The copy pipeline with a step that holds the first batch it sees until the file
+    ``<map>.release`` exists, after writing the pid of each Python worker it holds in to
+    ``<map>.pids`` (the test kills the source runner while the batch is held)."""
+    release = os.environ["EPOCHAL_TEST_MAP"] + ".release"
+    pids = os.environ["EPOCHAL_TEST_MAP"] + ".pids"
+
+    def hold(frames: Any) -> Any:
+        import os
+        import time
+
+        for frame in frames:
+            if not os.path.exists(release):
+                with open(pids, "a") as fh:
+                    fh.write(f"{os.getpid()}\n")
+                deadline = time.monotonic() + 300
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            yield frame
+
+    return _to_output(_events(spark).mapInPandas(hold, "key string, value string"))

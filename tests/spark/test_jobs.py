@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from epochal import Job, JobConfig, JobStatus, processes
+from epochal.driver import BATCH_IN_FLIGHT_NOTE
 from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
@@ -158,12 +159,7 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     job = Job.submit("runner", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) >= 50, "the first batch")
     _wait(lambda: job.status().progress.get("batch", -1) >= 0, "batch 0's progress event")
-    token = str(job.status().driver.get("token"))
-    runners = [
-        pid
-        for pid in processes.processes_of(token)
-        if b"streaming_source_runner" in processes.command_line(pid)
-    ]
+    runners = _source_runners(job)
     assert len(runners) == 1, runners
     os.kill(runners[0], signal.SIGKILL)
     _wait(lambda: len(job.status().runs) >= 2, "a second run")
@@ -174,6 +170,82 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
+
+
+def test_a_batch_in_flight_when_the_source_runner_dies_finishes_and_keeps_its_workers(
+    tmp_path: Path, map_path: str
+) -> None:
+    """The source runner is killed while batch 0's tasks run (held by the pipeline): the
+    driver lets the batch finish before it restarts the query in place, so the Python
+    workers of those tasks go back to PySpark's pool and serve the new query (stopping the
+    query under them would destroy them, and the new query would fork and import anew)."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=60.0)
+    job = Job.submit("held", "pipelines:held_once", config, report=lambda line: None)
+    pids_file, release = Path(map_path + ".pids"), Path(map_path + ".release")
+    _wait(lambda: pids_file.exists() and pids_file.read_text().strip(), "batch 0 to be held")
+    held = [int(pid) for pid in pids_file.read_text().split()]
+    runners = _source_runners(job)
+    assert len(runners) == 1, runners
+    os.kill(runners[0], signal.SIGKILL)
+    _wait(lambda: BATCH_IN_FLIGHT_NOTE in _driver_logs(job), "the driver to wait for the batch")
+    assert len(job.status().runs) == 1, "the query was stopped under its batch"
+    release.touch()
+    _wait(lambda: len(job.status().runs) >= 2, "a second run")
+    assert job.status().runs[-1]["kind"] == "in-place", job.status().runs
+    _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
+    assert all(processes.alive(pid) for pid in held), (held, "a held worker was destroyed")
+    job.cancel()
+    assert job.join(120).status == JobStatus.CANCELLED
+    assert len(_output(map_path)) >= 100
+
+
+def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms(
+    tmp_path: Path, map_path: str
+) -> None:
+    """``standby=True``: the whole driver run is killed (SIGKILL); the warm standby takes
+    the job at the next epoch (its run is of kind ``standby``), the record stops naming it as
+    the standby, a new standby is warmed once the promoted driver has made progress, and
+    every record arrives."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=1.0, standby=True)
+    job = Job.submit("standby", "pipelines:copy", config, report=lambda line: None)
+    _wait(lambda: len(_output(map_path)) == 200, "the first run's output")
+    _wait(lambda: job.status().supervisor.get("standby_pid"), "a warm standby")
+    record = job.status()
+    standby, active = int(record.supervisor["standby_pid"]), int(record.driver["pid"])
+    assert standby != active and processes.alive(standby)
+    processes.kill_run(str(record.driver["token"]))
+    _wait(lambda: len(job.status().runs) >= 2, "the promoted run")
+    record = job.status()
+    promoted = record.runs[-1]
+    assert promoted["kind"] == "standby" and promoted["driver_pid"] == standby, record.runs
+    assert promoted["epoch"] > record.runs[0]["epoch"], record.runs
+    assert record.supervisor.get("standby_pid") != standby, "the promoted driver is no standby"
+    with MapStore(map_path) as store:
+        store.append_events("input", [(str(i), f"v{i}") for i in range(200, 250)])
+    _wait(lambda: len(_output(map_path)) == 250, "the promoted run's output")
+    _wait(
+        lambda: job.status().supervisor.get("standby_pid") not in (None, standby),
+        "a new warm standby",
+    )
+    assert processes.alive(int(job.status().supervisor["standby_pid"]))
+    job.cancel()
+    assert job.join(120).status == JobStatus.CANCELLED
+    assert _output(map_path) == {str(i): f"v{i}" for i in range(250)}
+
+
+def _source_runners(job: Job) -> list[int]:
+    """The pids of the streaming source runners of the job's current driver run."""
+    token = str(job.status().driver.get("token"))
+    return [
+        pid
+        for pid in processes.processes_of(token)
+        if b"streaming_source_runner" in processes.command_line(pid)
+    ]
+
+
+def _driver_logs(job: Job) -> str:
+    logs = Path(job.jobdir.logs)
+    return "".join(p.read_text(errors="replace") for p in sorted(logs.glob("driver-*.log")))
 
 
 def _wait(condition, what: str, seconds: float = 240.0) -> None:

@@ -6,11 +6,14 @@ It runs a Python streaming source and a Python streaming sink (planner workers, 
 runner, the PySpark daemon and task workers, the commit worker, whole-stage codegen), with a
 keyed stateful operator in between (the state store provider and its native library, pandas
 in the workers), through two micro-batches of an available-now query with its own throw-away
-checkpoint.
+checkpoint; then it starts the query again from that checkpoint for one more batch, which is
+what a promoted standby does first: resume a query and load its state from the checkpoint
+(the first load in a JVM costs about a second more than the next ones).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -29,24 +32,29 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 FORMAT = "epochal-warmup"
-BATCHES = 2
+#: Batches of each start of the warm-up query: two on a new checkpoint, one after the restart.
+BATCHES_PER_START = (2, 1)
 ROWS = 64
 
 
 class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
     def prepareForTriggerAvailableNow(self) -> None:
-        """Read both batches, then stop."""
+        """Read up to ``batches`` (the option), then stop."""
 
     def initialOffset(self) -> dict:
         return {"batch": 0}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        return {"batch": min(int(start["batch"]) + 1, BATCHES)}
+        return {"batch": min(int(start["batch"]) + 1, self.batches)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [InputPartition(b) for b in range(int(start["batch"]), int(end["batch"]))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        prime_worker()
         base = int(partition.value) * ROWS  # type: ignore[attr-defined]
         yield pa.RecordBatch.from_pydict(
             {"id": list(range(base, base + ROWS)), "value": [str(i) for i in range(ROWS)]}
@@ -58,6 +66,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 class _Writer(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        prime_worker()
         for _ in iterator:
             pass
         return WriterCommitMessage()
@@ -69,8 +78,22 @@ class _Writer(DataSourceStreamArrowWriter):
         """Nothing to abort."""
 
 
+def prime_worker() -> None:
+    """In a Python task worker: import epochal's data source layer and every installed
+    connector (and its client library) once, as the job's first tasks would, so a promoted
+    standby's first batch finds them loaded (a failing connector is left to the job's own
+    discovery, which reports it)."""
+    with contextlib.suppress(Exception):
+        import epochal.spark.datasource  # noqa: F401
+        from epochal import registry
+
+        for name in registry.installed_names():
+            with contextlib.suppress(Exception):
+                registry.connector(name)
+
+
 class WarmupDataSource(DataSource):
-    """Two small batches in, nothing out."""
+    """A few small batches in (the option ``batches``: how many in all), nothing out."""
 
     @classmethod
     def name(cls) -> str:
@@ -80,33 +103,37 @@ class WarmupDataSource(DataSource):
         return "id long, value string"
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _Reader()
+        return _Reader(int(self.options.get("batches", BATCHES_PER_START[0])))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _Writer:
         return _Writer()
 
 
 def warm_up(spark: Any, stop_if: Callable[[], bool] = lambda: False) -> float:
-    """Run the warm-up query on ``spark``; returns how long it took (seconds). It is stopped
-    early when ``stop_if()`` turns true (a job is waiting for this driver)."""
+    """Run the warm-up query on ``spark`` (and once more from its checkpoint); returns how
+    long it took (seconds). It is stopped early when ``stop_if()`` turns true (a job is
+    waiting for this driver)."""
+    from epochal.testing.pipelines import running_totals
+
     started = time.monotonic()
     spark.dataSource.register(WarmupDataSource)
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
     try:
-        from epochal.testing.pipelines import running_totals
-
-        frame = spark.readStream.format(FORMAT).load()
-        grouped = running_totals(frame, "id % 4")
-        query = (
-            grouped.writeStream.format(FORMAT)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        while not query.awaitTermination(0.2):
-            if stop_if():
-                query.stop()
-                break
+        upto = 0
+        for batches in BATCHES_PER_START:
+            upto += batches
+            frame = spark.readStream.format(FORMAT).option("batches", str(upto)).load()
+            query = (
+                running_totals(frame, "id % 4")
+                .writeStream.format(FORMAT)
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            while not query.awaitTermination(0.2):
+                if stop_if():
+                    query.stop()
+                    return time.monotonic() - started
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return time.monotonic() - started
