@@ -244,12 +244,7 @@ class Bench:
     def _standby_ready(self) -> bool:
         record = self.job.status()
         pid = (record.supervisor or {}).get("standby_pid")
-        return (
-            bool(pid)
-            and pid != (record.driver or {}).get("pid")
-            and record.status.value == "RUNNING"
-            and processes.alive(int(pid))
-        )
+        return bool(pid) and record.status.value == "RUNNING" and processes.alive(int(pid))
 
     def _caught_up(self, produced: int) -> bool:
         from epochal_map.store import MapStore
