@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epochal import processes
+from epochal.driver import SOURCE_RUNNER_MODULE
 
 SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
@@ -195,7 +196,7 @@ class Bench:
             runners = [
                 p
                 for p in processes.processes_of(token)
-                if b"python_streaming_source_runner" in processes.command_line(p)
+                if SOURCE_RUNNER_MODULE in processes.command_line(p)
             ]
             os.kill(runners[0], signal.SIGKILL)
         else:

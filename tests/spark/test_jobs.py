@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epochal import Job, JobConfig, JobStatus, processes
-from epochal.driver import BATCH_IN_FLIGHT_NOTE
+from epochal.driver import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
 from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
@@ -239,7 +239,7 @@ def _source_runners(job: Job) -> list[int]:
     return [
         pid
         for pid in processes.processes_of(token)
-        if b"streaming_source_runner" in processes.command_line(pid)
+        if SOURCE_RUNNER_MODULE in processes.command_line(pid)
     ]
 
 
