@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,10 +142,15 @@ class Supervision:
         """Whether the supervisor has promoted this driver (the job is waiting for it)."""
         return self._promoted.is_set()
 
-    def wait_for_promotion(self) -> tuple[int, str, str]:
+    def wait_for_promotion(
+        self, meanwhile: Callable[[], object] | None = None, every: float = 0.0
+    ) -> tuple[int, str, str]:
         """Block until the supervisor promotes this warm driver: the lease epoch it runs at,
-        and the job (snapshot directory, name)."""
-        self._promoted.wait()
+        and the job (snapshot directory, name). ``meanwhile`` (if given) is called every
+        ``every`` seconds while it waits."""
+        while not self._promoted.wait(every if meanwhile is not None else None):
+            assert meanwhile is not None
+            meanwhile()
         assert self._promotion is not None
         return self._promotion
 
@@ -463,9 +469,13 @@ class Driver:
         assert self.record is not None
         return self.record.job_config
 
-    def main(self, job: tuple[int, str, str] | None, launched: float) -> int:
+    def main(
+        self, job: tuple[int, str, str] | None, launched: float, keep_warm: bool = False
+    ) -> int:
         """Start the session; when ``job`` (epoch, snapshot dir, name) is None, warm up and
-        wait to be promoted; then run the job until done. Returns the exit code."""
+        wait to be promoted (with ``keep_warm``, warming up again every
+        :data:`~epochal.spark.warmup.KEEP_WARM_SECONDS` while it waits); then run the job
+        until done. Returns the exit code."""
         try:
             self.phases.mark("process", since=launched)
             from epochal.spark.datasource import register
@@ -476,15 +486,21 @@ class Driver:
             self.phases.mark("register")
             kind = "cold"
             if job is None:
-                from epochal.spark.warmup import warm_up
+                from epochal.spark import warmup
 
                 # promoted while it warms up: the job is waiting, so the warm-up stops there
                 def promoted() -> bool:
                     return self.supervision.promoted
 
-                took = 0.0 if promoted() else warm_up(self.spark, stop_if=promoted)
+                took = 0.0 if promoted() else warmup.warm_up(self.spark, stop_if=promoted)
                 emit({"type": "ready", "warmup_s": round(took, 2)})
-                job = self.supervision.wait_for_promotion()
+
+                def stay_warm() -> None:
+                    warmup.keep_warm(self.spark, stop_if=promoted)
+
+                job = self.supervision.wait_for_promotion(
+                    stay_warm if keep_warm else None, every=warmup.KEEP_WARM_SECONDS
+                )
                 kind, launched = "standby", time.time()
                 self.phases = Phases(launched)
             build = self._bind(*job)
@@ -901,7 +917,8 @@ def _summary(text: str) -> str:
 
 
 def main() -> None:
-    """``python -m epochal.driver --profile P (--epoch N SNAPSHOT_DIR JOB | --standby)``."""
+    """``python -m epochal.driver --profile P (--epoch N SNAPSHOT_DIR JOB | --standby
+    [--keep-warm])``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(prog="python -m epochal.driver")
     parser.add_argument("snapshot_dir", nargs="?", help="the job's snapshot directory")
@@ -910,16 +927,21 @@ def main() -> None:
     parser.add_argument("--epoch", type=int, help="the lease epoch this driver runs at")
     parser.add_argument("--standby", action="store_true", help="warm up, wait for promotion")
     parser.add_argument("--launched", type=float, default=None, help="when it was started")
+    parser.add_argument(
+        "--keep-warm", action="store_true", help="with --standby: stay warm while it waits"
+    )
     args = parser.parse_args()
     if args.standby == (args.epoch is not None):
         parser.error("give exactly one of --epoch and --standby")
+    if args.keep_warm and not args.standby:
+        parser.error("--keep-warm is for a warm driver (--standby)")
     if args.epoch is not None and not (args.snapshot_dir and args.job):
         parser.error("--epoch needs the snapshot directory and the job")
     supervision = Supervision()
     supervision.start()
     driver = Driver(supervision, SessionProfile.from_json(args.profile))
     job = None if args.standby else (args.epoch, args.snapshot_dir, args.job)
-    code = driver.main(job, args.launched or time.time())
+    code = driver.main(job, args.launched or time.time(), keep_warm=args.keep_warm)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -56,6 +56,10 @@ class DriverProcess:
         run_dir: where it keeps its run records.
         job: ``(epoch, snapshot_dir, name)`` to start bound to a job; None to start warm
             and wait for :meth:`promote`.
+        keep_warm: a warm driver that may wait long (a job's standby) warms up again every
+            :data:`~epochal.spark.warmup.KEEP_WARM_SECONDS` while it waits, or PySpark
+            reaps its idle Python workers after a minute and its first batch forks them
+            again (a pool driver, taken within seconds, need not).
         on_event: called with every event but heartbeats (progress, ready, run).
     """
 
@@ -67,6 +71,7 @@ class DriverProcess:
         *,
         job: tuple[int, str, str] | None = None,
         on_event: EventHandler = _ignore,
+        keep_warm: bool = False,
     ) -> None:
         self.profile = profile
         self.token = processes.new_run_token()
@@ -81,7 +86,7 @@ class DriverProcess:
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         os.makedirs(run_dir, exist_ok=True)
         self._log: TextIO = open(log_path, "w")  # noqa: SIM115 - closed in wait()
-        role = ["--standby"]
+        role = ["--standby", "--keep-warm"] if keep_warm else ["--standby"]
         if job is not None:
             epoch, snapshot_dir, name = job
             role = ["--epoch", str(epoch), snapshot_dir, name]

@@ -332,6 +332,7 @@ class Supervisor:
             self.jobdir.run_dir,
             job=job,
             on_event=self._on_event,
+            keep_warm=job is None,
         )
 
     def _link_log(self, driver: DriverProcess) -> None:

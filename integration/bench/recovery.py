@@ -172,7 +172,7 @@ class Bench:
             for turn in range(self.args.repeats):
                 for kind in self.args.kinds:
                     self._wait(self._standby_ready, "a warm standby", 600)
-                    time.sleep(2.0)  # let the job settle into its steady pace
+                    time.sleep(self.args.idle)  # the job's steady pace; the standby waits
                     sample = self._kill(kind)
                     samples.append(sample)
                     self.say(
@@ -356,6 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(KINDS),
         type=_kinds,
         help="the kills to make, in turn (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=2.0,
+        help="seconds from a ready standby to the kill (default: %(default)s; more than 70 "
+        "measures a standby that waited past PySpark's reaping of idle Python workers)",
     )
     parser.add_argument(
         "--rate", type=float, default=200.0, help="events per second (default: %(default)s)"

@@ -3,6 +3,7 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -16,6 +17,10 @@ from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
 pytestmark = pytest.mark.spark
+
+#: PySpark kills a worker factory's idle Python workers a minute after its last use, looking
+#: every 10 s (``PythonWorkerFactory``); a waiting standby is idle this long in the test.
+PYSPARK_REAPS_IDLE_WORKERS_WITHIN = 60 + 10 + 5
 
 
 def _config(tmp_path: Path, **changes: object) -> JobConfig:
@@ -202,10 +207,11 @@ def test_a_batch_in_flight_when_the_source_runner_dies_finishes_and_keeps_its_wo
 def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms(
     tmp_path: Path, map_path: str
 ) -> None:
-    """``standby=True``: the whole driver run is killed (SIGKILL); the warm standby takes
-    the job at the next epoch (its run is of kind ``standby``), the record stops naming it as
-    the standby, a new standby is warmed once the promoted driver has made progress, and
-    every record arrives."""
+    """``standby=True``: the standby keeps its Python task workers while it waits longer
+    than PySpark lets idle workers live (it keeps warm); the whole driver run is killed
+    (SIGKILL); the warm standby takes the job at the next epoch (its run is of kind
+    ``standby``), the record stops naming it as the standby, a new standby is warmed once
+    the promoted driver has made progress, and every record arrives."""
     config = _config(tmp_path, available_now=False, snapshot_interval=1.0, standby=True)
     job = Job.submit("standby", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) == 200, "the first run's output")
@@ -213,6 +219,11 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     record = job.status()
     standby, active = int(record.supervisor["standby_pid"]), int(record.driver["pid"])
     assert standby != active and processes.alive(standby)
+    workers = _forked_task_workers(standby)
+    assert workers, "the standby's warm-up left no Python task workers"
+    time.sleep(PYSPARK_REAPS_IDLE_WORKERS_WITHIN)  # the idleness is what is tested
+    gone = sorted(pid for pid in workers if not processes.alive(pid))
+    assert not gone, (gone, "the waiting standby's Python task workers were reaped")
     processes.kill_run(str(record.driver["token"]))
     _wait(lambda: len(job.status().runs) >= 2, "the promoted run")
     record = job.status()
@@ -241,6 +252,32 @@ def _source_runners(job: Job) -> list[int]:
         for pid in processes.processes_of(token)
         if SOURCE_RUNNER_MODULE in processes.command_line(pid)
     ]
+
+
+def _forked_task_workers(driver_pid: int) -> set[int]:
+    """The Python task workers that the PySpark daemon of a driver forked (those a batch's
+    tasks take), found through the process tree below the driver."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(name)] = int(stat[1])
+
+    def below_driver(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == driver_pid:
+                return True
+        return False
+
+    def task_worker(pid: int) -> bool:
+        return processes.command_line(pid).rstrip(b"\0").endswith(b"pyspark.worker")
+
+    return {
+        pid
+        for pid, parent in parents.items()
+        if task_worker(pid) and task_worker(parent) and below_driver(pid)
+    }
 
 
 def _driver_logs(job: Job) -> str:

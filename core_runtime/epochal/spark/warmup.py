@@ -34,6 +34,15 @@ from pyspark.sql.types import StructType
 FORMAT = "epochal-warmup"
 #: Batches of each start of the warm-up query: two on a new checkpoint, one after the restart.
 BATCHES_PER_START = (2, 1)
+#: PySpark kills the idle Python workers of a worker factory (one per worker module: task
+#: workers, each planner, the commit runner) after a minute without use (Spark's
+#: ``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``, which no setting changes; its monitor
+#: looks every 10 s), and the workers a standby forked would be forked again, with their
+#: imports, by its first batch. A warm driver that keeps warm reruns one batch of the
+#: warm-up query this often, well inside that minute.
+KEEP_WARM_SECONDS = 40.0
+#: Batches of the warm-up query that keeps a waiting driver warm: one, on a new checkpoint.
+KEEP_WARM_BATCHES = (1,)
 ROWS = 64
 
 
@@ -109,10 +118,14 @@ class WarmupDataSource(DataSource):
         return _Writer()
 
 
-def warm_up(spark: Any, stop_if: Callable[[], bool] = lambda: False) -> float:
-    """Run the warm-up query on ``spark`` (and once more from its checkpoint); returns how
-    long it took (seconds). It is stopped early when ``stop_if()`` turns true (a job is
-    waiting for this driver)."""
+def warm_up(
+    spark: Any,
+    stop_if: Callable[[], bool] = lambda: False,
+    batches_per_start: tuple[int, ...] = BATCHES_PER_START,
+) -> float:
+    """Run the warm-up query on ``spark`` (and once more from its checkpoint, by default:
+    one start per entry of ``batches_per_start``); returns how long it took (seconds). It
+    is stopped early when ``stop_if()`` turns true (a job is waiting for this driver)."""
     from epochal.testing.pipelines import running_totals
 
     started = time.monotonic()
@@ -120,7 +133,7 @@ def warm_up(spark: Any, stop_if: Callable[[], bool] = lambda: False) -> float:
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
     try:
         upto = 0
-        for batches in BATCHES_PER_START:
+        for batches in batches_per_start:
             upto += batches
             frame = spark.readStream.format(FORMAT).option("batches", str(upto)).load()
             query = (
@@ -137,3 +150,10 @@ def warm_up(spark: Any, stop_if: Callable[[], bool] = lambda: False) -> float:
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return time.monotonic() - started
+
+
+def keep_warm(spark: Any, stop_if: Callable[[], bool]) -> float:
+    """One round of keeping a waiting driver warm: a batch of the warm-up query, so each of
+    PySpark's worker factories is used again before it kills its idle workers (see
+    :data:`KEEP_WARM_SECONDS`); returns how long it took (seconds)."""
+    return warm_up(spark, stop_if=stop_if, batches_per_start=KEEP_WARM_BATCHES)
