@@ -192,6 +192,29 @@ class LeaseWatchdog:
 
 
 # -- the session ---------------------------------------------------------------------------
+class PlannerKeeper:
+    """Keeps the Python workers that a query's start takes (its planners) alive while the
+    driver runs the job, so an in-place restart finds them: one tiny batch job through the
+    warm-up source every :data:`~epochal.spark.warmup.KEEP_WARM_SECONDS` (see
+    :func:`~epochal.spark.warmup.touch_planners`); a failure there is only logged."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def start(self) -> None:
+        threading.Thread(target=self._keep, name="epochal-keep-warm", daemon=True).start()
+
+    def _keep(self) -> None:
+        from epochal.spark import warmup
+
+        while True:
+            time.sleep(warmup.KEEP_WARM_SECONDS)
+            try:
+                warmup.touch_planners(self.spark)
+            except Exception:  # the session stopping, a cancel of every job: next round
+                log.warning("keeping the planner workers warm failed", exc_info=True)
+
+
 def load_target(target: str) -> Any:
     """Import ``module:function``."""
     module_name, _, attr = target.partition(":")
@@ -532,6 +555,7 @@ class Driver:
         self.faults = FaultPlan.parse(self.record.job_config.faults, f"{self.jobdir.path}/faults")
         LeaseWatchdog(self.jobdir, epoch, self.supervision.supervisor_pid).start()
         self.spark.streams.addListener(make_listener(self))
+        PlannerKeeper(self.spark).start()
         return load_target(self.record.target)
 
     def _runs(self, build: Any, kind: str, started: float) -> int:
@@ -848,7 +872,6 @@ def _ends_by_itself(spark: Any, query: Any) -> bool:
     the restarted query's first batch would fork new ones and import pandas and pyarrow again
     (1-1.5 s on a 2-core machine). That batch commits as any batch does; Spark's next call
     into the runner fails, or the driver stops the query first."""
-    tracker = spark.sparkContext.statusTracker()
     started = time.monotonic()
     said = False
     while True:
@@ -861,7 +884,7 @@ def _ends_by_itself(spark: Any, query: Any) -> bool:
         if waited >= BATCH_IN_FLIGHT_SECONDS:
             return False
         if waited >= ENDING_GRACE_SECONDS:
-            if not tracker.getActiveJobsIds():
+            if not _running_jobs(spark):
                 return False
             if not said:
                 sys.stderr.write(f"epochal driver: {BATCH_IN_FLIGHT_NOTE}\n")
@@ -871,12 +894,20 @@ def _ends_by_itself(spark: Any, query: Any) -> bool:
 def _wait_for_idle(spark: Any, seconds: float) -> None:
     """Wait (with a deadline) until no Spark job of the failed query runs any more; cancel
     what is left, so no straggler task of the old run prepares after the new run's recovery."""
-    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + seconds
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+    while _running_jobs(spark) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if tracker.getActiveJobsIds():
+    if _running_jobs(spark):
         spark.sparkContext.cancelAllJobs()
+
+
+def _running_jobs(spark: Any) -> list[int]:
+    """The Spark jobs running now, but the driver's own keep-warm jobs (the query's)."""
+    from epochal.spark.warmup import KEEP_WARM_JOB_GROUP
+
+    tracker = spark.sparkContext.statusTracker()
+    keeping = set(tracker.getJobIdsForGroup(KEEP_WARM_JOB_GROUP))
+    return [job for job in tracker.getActiveJobsIds() if job not in keeping]
 
 
 def _failure_text(error: Any) -> str:

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.spark
 #: PySpark kills a worker factory's idle Python workers a minute after its last use, looking
 #: every 10 s (``PythonWorkerFactory``); a waiting standby is idle this long in the test.
 PYSPARK_REAPS_IDLE_WORKERS_WITHIN = 60 + 10 + 5
+#: The modules of a task worker, and of the planner that plans a query's read at its start.
+TASK_WORKER, PLANNER = b"pyspark.worker", b"pyspark.sql.worker.plan_data_source_read"
 
 
 def _config(tmp_path: Path, **changes: object) -> JobConfig:
@@ -219,11 +221,15 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     record = job.status()
     standby, active = int(record.supervisor["standby_pid"]), int(record.driver["pid"])
     assert standby != active and processes.alive(standby)
-    workers = _forked_task_workers(standby)
+    workers = _forked_workers(standby, TASK_WORKER)
     assert workers, "the standby's warm-up left no Python task workers"
+    planners = _forked_workers(active, PLANNER)
+    assert planners, "the active driver's query start left no planner worker"
     time.sleep(PYSPARK_REAPS_IDLE_WORKERS_WITHIN)  # the idleness is what is tested
     gone = sorted(pid for pid in workers if not processes.alive(pid))
     assert not gone, (gone, "the waiting standby's Python task workers were reaped")
+    gone = sorted(pid for pid in planners if not processes.alive(pid))
+    assert not gone, (gone, "the running driver's planner workers were reaped")
     processes.kill_run(str(record.driver["token"]))
     _wait(lambda: len(job.status().runs) >= 2, "the promoted run")
     record = job.status()
@@ -254,9 +260,9 @@ def _source_runners(job: Job) -> list[int]:
     ]
 
 
-def _forked_task_workers(driver_pid: int) -> set[int]:
-    """The Python task workers that the PySpark daemon of a driver forked (those a batch's
-    tasks take), found through the process tree below the driver."""
+def _forked_workers(driver_pid: int, module: bytes) -> set[int]:
+    """The Python workers of ``module`` that a PySpark daemon of a driver forked (and keeps
+    for reuse), found through the process tree below the driver."""
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
         with contextlib.suppress(OSError, IndexError, ValueError):
@@ -270,13 +276,13 @@ def _forked_task_workers(driver_pid: int) -> set[int]:
                 return True
         return False
 
-    def task_worker(pid: int) -> bool:
-        return processes.command_line(pid).rstrip(b"\0").endswith(b"pyspark.worker")
+    def runs_module(pid: int) -> bool:
+        return processes.command_line(pid).rstrip(b"\0").endswith(module)
 
     return {
         pid
         for pid, parent in parents.items()
-        if task_worker(pid) and task_worker(parent) and below_driver(pid)
+        if runs_module(pid) and runs_module(parent) and below_driver(pid)
     }
 
 

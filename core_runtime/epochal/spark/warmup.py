@@ -23,6 +23,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
@@ -87,6 +89,27 @@ class _Writer(DataSourceStreamArrowWriter):
         """Nothing to abort."""
 
 
+class _BatchReader(DataSourceReader):
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pydict({"id": [0], "value": ["0"]})
+
+
+class _BatchWriter(DataSourceArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to commit."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to abort."""
+
+
 def prime_worker() -> None:
     """In a Python task worker: import epochal's data source layer and every installed
     connector (and its client library) once, as the job's first tasks would, so a promoted
@@ -116,6 +139,12 @@ class WarmupDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _Writer:
         return _Writer()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader()
+
+    def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
+        return _BatchWriter()
 
 
 def warm_up(
@@ -157,3 +186,28 @@ def keep_warm(spark: Any, stop_if: Callable[[], bool]) -> float:
     PySpark's worker factories is used again before it kills its idle workers (see
     :data:`KEEP_WARM_SECONDS`); returns how long it took (seconds)."""
     return warm_up(spark, stop_if=stop_if, batches_per_start=KEEP_WARM_BATCHES)
+
+
+#: The Spark job group of :func:`touch_planners`' jobs (not the job's own, for the driver).
+KEEP_WARM_JOB_GROUP = "epochal-keep-warm"
+
+
+def touch_planners(spark: Any) -> None:
+    """Use the driver's planner workers once, with one row read and written in a batch
+    through the warm-up source (Spark job group :data:`KEEP_WARM_JOB_GROUP`): the workers a
+    query's start takes (creating its data sources, planning its read, its writer) are used
+    only then, so while a job runs PySpark reaps them after a minute (see
+    :data:`KEEP_WARM_SECONDS`), and a restart in place would fork them again and import the
+    connectors in them again."""
+    from pyspark.sql import SparkSession
+
+    context = spark.sparkContext
+    # the writer looks its data source up in the JVM thread's active session, which a thread
+    # of the driver's own does not have (PySpark sets it the same way in createDataFrame)
+    SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
+    spark.dataSource.register(WarmupDataSource)
+    context.setJobGroup(KEEP_WARM_JOB_GROUP, "epochal: keep the planner workers warm")
+    try:
+        spark.read.format(FORMAT).load().write.format(FORMAT).mode("append").save()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
