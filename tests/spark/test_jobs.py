@@ -13,14 +13,14 @@ import pytest
 
 from epochal import Job, JobConfig, JobStatus, processes
 from epochal.driver import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
+from epochal.spark.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
 pytestmark = pytest.mark.spark
 
-#: PySpark kills a worker factory's idle Python workers a minute after its last use, looking
-#: every 10 s (``PythonWorkerFactory``); a waiting standby is idle this long in the test.
-PYSPARK_REAPS_IDLE_WORKERS_WITHIN = 60 + 10 + 5
+#: How long a waiting standby is idle in the test: past PySpark's reaping of idle workers.
+PYSPARK_REAPS_IDLE_WORKERS_WITHIN = PYSPARK_IDLE_WORKER_SECONDS + PYSPARK_IDLE_CHECK_SECONDS + 5
 #: The modules of a task worker, and of the planner that plans a query's read at its start.
 TASK_WORKER, PLANNER = b"pyspark.worker", b"pyspark.sql.worker.plan_data_source_read"
 

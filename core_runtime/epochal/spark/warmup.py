@@ -37,11 +37,14 @@ FORMAT = "epochal-warmup"
 #: Batches of each start of the warm-up query: two on a new checkpoint, one after the restart.
 BATCHES_PER_START = (2, 1)
 #: PySpark kills the idle Python workers of a worker factory (one per worker module: task
-#: workers, each planner, the commit runner) after a minute without use (Spark's
-#: ``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``, which no setting changes; its monitor
-#: looks every 10 s), and the workers a standby forked would be forked again, with their
-#: imports, by its first batch. A warm driver that keeps warm reruns one batch of the
-#: warm-up query this often, well inside that minute.
+#: workers, each planner, the commit runner) this long after the factory last got a worker
+#: back (Spark's ``PythonWorkerFactory.IDLE_WORKER_TIMEOUT_NS``, which no setting changes)...
+PYSPARK_IDLE_WORKER_SECONDS = 60
+#: ...when its monitor looks, which it does this often.
+PYSPARK_IDLE_CHECK_SECONDS = 10
+#: The workers a standby forked would then be forked again, with their imports, by its
+#: first batch: a warm driver that keeps warm reruns one batch of the warm-up query this
+#: often, well inside :data:`PYSPARK_IDLE_WORKER_SECONDS`.
 KEEP_WARM_SECONDS = 40.0
 #: Batches of the warm-up query that keeps a waiting driver warm: one, on a new checkpoint.
 KEEP_WARM_BATCHES = (1,)
