@@ -211,8 +211,18 @@ class PlannerKeeper:
             time.sleep(warmup.KEEP_WARM_SECONDS)
             try:
                 warmup.touch_planners(self.spark)
-            except Exception:  # the session stopping, a cancel of every job: next round
+            except Exception:  # a cancel of every job: next round
+                if not session_alive(self.spark):
+                    return  # the driver is ending
                 log.warning("keeping the planner workers warm failed", exc_info=True)
+
+
+def session_alive(spark: Any) -> bool:
+    """Whether the session's JVM and SparkContext are up (not stopped, not gone)."""
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:
+        return False
 
 
 def load_target(target: str) -> Any:
@@ -706,10 +716,7 @@ class Driver:
 
     def _healthy(self) -> bool:
         """Whether the JVM and the SparkContext survived (an in-place restart is possible)."""
-        try:
-            return not self.spark.sparkContext._jsc.sc().isStopped()
-        except Exception:
-            return False
+        return session_alive(self.spark)
 
     def _restart_in_place(self, text: str, ended: float) -> bool:
         """Count the restart, back off, wait for the old query's tasks; False when the

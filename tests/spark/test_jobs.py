@@ -158,11 +158,13 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     tmp_path: Path, map_path: str
 ) -> None:
     """Spark notices a dead streaming source runner only at its next call into it (the next
-    trigger, up to 60 s later here); the driver's watch stops the query and restarts it in
-    place at once (without the watch the run would end with Spark's error at the next
-    trigger). The kill waits for batch 0's progress event: then the query is idle until the
-    next trigger and nothing of Spark's calls into the runner before the watch sees it."""
-    config = _config(tmp_path, available_now=False, snapshot_interval=60.0)
+    trigger, 10 minutes later here); the driver's watch stops the query and restarts it in
+    place at once (without the watch the run would end only at the next trigger, and the
+    test would time out waiting for the second run). The kill waits for batch 0's progress
+    event; a call of Spark's into the runner that comes just after it (once in a CI run:
+    ``Connection reset``) can still meet the dead runner before the watch does, and then
+    ends the run at once as well."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=600.0)
     job = Job.submit("runner", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) >= 50, "the first batch")
     _wait(lambda: job.status().progress.get("batch", -1) >= 0, "batch 0's progress event")
@@ -173,7 +175,8 @@ def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place
     record = job.status()
     assert record.runs[-1]["kind"] == "in-place", record.runs
     outcome = str(record.runs[-2].get("outcome"))
-    assert f"source runner (pid {runners[0]}) died" in outcome, outcome
+    seen_by_the_watch = f"source runner (pid {runners[0]}) died" in outcome
+    assert seen_by_the_watch or "Connection reset" in outcome, outcome
     _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
