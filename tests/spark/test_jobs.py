@@ -157,13 +157,12 @@ def test_a_continuous_query_that_stops_on_its_own_is_restarted(
 def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place(
     tmp_path: Path, map_path: str
 ) -> None:
-    """Spark notices a dead streaming source runner only at its next call into it (the next
-    trigger, 10 minutes later here); the driver's watch stops the query and restarts it in
-    place at once (without the watch the run would end only at the next trigger, and the
-    test would time out waiting for the second run). The kill waits for batch 0's progress
-    event; a call of Spark's into the runner that comes just after it (once in a CI run:
-    ``Connection reset``) can still meet the dead runner before the watch does, and then
-    ends the run at once as well."""
+    """Spark notices a dead streaming source runner only at its next call into it; the
+    driver's watch stops the query and restarts it in place at once, with its own account of
+    the failure (without the watch the run ends with Spark's error, ``SQLSTATE: XXKST (no
+    cause message)``, which the test refuses). The kill waits for batch 0's progress event;
+    a call of Spark's into the runner just after it can still meet the dead runner before
+    the watch does (once in a CI run: ``Connection reset``), and is accepted."""
     config = _config(tmp_path, available_now=False, snapshot_interval=600.0)
     job = Job.submit("runner", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) >= 50, "the first batch")
