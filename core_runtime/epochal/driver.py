@@ -29,8 +29,10 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -205,11 +207,15 @@ class PlannerKeeper:
         threading.Thread(target=self._keep, name="epochal-keep-warm", daemon=True).start()
 
     def _keep(self) -> None:
-        from epochal.spark import warmup
+        from epochal.spark import warmup  # not at the top: the supervisor imports this module
 
+        registered = False
         while True:
             time.sleep(warmup.KEEP_WARM_SECONDS)
             try:
+                if not registered:
+                    warmup.register(self.spark)
+                    registered = True
                 warmup.touch_planners(self.spark)
             except Exception:  # a cancel of every job: next round
                 if not session_alive(self.spark):
@@ -360,12 +366,26 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     conf = dict(profile.spark_conf)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    # the class-data archive, when there is one (a faster JVM start)
     java_options = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
-    if java_options:  # the class-data archive, when there is one (a faster JVM start)
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    builder = builder.config("spark.driver.extraJavaOptions", follow_tmpdir(java_options))
+    if profile.master.startswith("local-cluster"):  # executors started on this machine
+        executor_options = conf.get("spark.executor.extraJavaOptions", "")
+        builder = builder.config("spark.executor.extraJavaOptions", follow_tmpdir(executor_options))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def follow_tmpdir(java_options: str) -> str:
+    """JVM options with the JVM's temporary directory set to this process's (``TMPDIR``,
+    which a supervisor points at the driver run's scratch directory), unless they set one:
+    the JVM ignores ``TMPDIR``, and what it leaves in its temporary directory when it is
+    killed (Spark's local directories, the RocksDB and LZ4 libraries it unpacks, 15 MB a
+    start) would stay there for good."""
+    if "-Djava.io.tmpdir=" in java_options:
+        return java_options
+    return f"{java_options} -Djava.io.tmpdir={shlex.quote(tempfile.gettempdir())}".strip()
 
 
 def executor_count(spark: Any) -> int:
@@ -910,7 +930,7 @@ def _wait_for_idle(spark: Any, seconds: float) -> None:
 
 def _running_jobs(spark: Any) -> list[int]:
     """The Spark jobs running now, but the driver's own keep-warm jobs (the query's)."""
-    from epochal.spark.warmup import KEEP_WARM_JOB_GROUP
+    from epochal.spark.warmup import KEEP_WARM_JOB_GROUP  # imports pyspark and pyarrow
 
     tracker = spark.sparkContext.statusTracker()
     keeping = set(tracker.getJobIdsForGroup(KEEP_WARM_JOB_GROUP))

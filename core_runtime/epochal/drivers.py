@@ -48,7 +48,8 @@ def _ignore(driver: DriverProcess, event: dict[str, Any]) -> None:
 
 class DriverProcess:
     """One driver process: its run token, its heartbeats, its events (read from its stdout
-    by a thread) and its log.
+    by a thread), its log, and its scratch directory (see :func:`epochal.processes.scratch_dir`:
+    its ``TMPDIR``, removed once the process ended).
 
     Args:
         profile: the session it starts.
@@ -81,6 +82,7 @@ class DriverProcess:
         self.launched = time.time()
         self.ready = threading.Event()
         self.progressed = threading.Event()
+        self._cleaning = threading.Event()
         self._heartbeat = time.monotonic()
         self.log_path = log_path
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -90,10 +92,13 @@ class DriverProcess:
         if job is not None:
             epoch, snapshot_dir, name = job
             role = ["--epoch", str(epoch), snapshot_dir, name]
+        self.scratch = processes.scratch_dir(self.token)
+        os.makedirs(self.scratch)
         env = {
             **os.environ,
             **profile.environment(),
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": self.scratch,  # the run's temporary files, removed when it ended
             processes.RUN_TOKEN_ENV: self.token,
             processes.SUPERVISOR_PID_ENV: str(os.getpid()),
             RUN_DIR_ENV: run_dir,
@@ -197,11 +202,22 @@ class DriverProcess:
                 self.proc.stdin.close()
         with contextlib.suppress(OSError):
             self._log.close()
+        if not self._cleaning.is_set():  # off the recovery path: the next driver starts now
+            self._cleaning.set()
+            threading.Thread(target=self._clean_up, name="epochal-driver-clean-up").start()
         if code < 0:
             return RunOutcome(code, -code)
         if code == 137:
             return RunOutcome(code, signal.SIGKILL)
         return RunOutcome(code, None)
+
+    def _clean_up(self) -> None:
+        """Once the driver process ended: end what is left of its run (a PySpark daemon or
+        worker on its way out) and remove the run's scratch directory, with what a killed
+        run leaves there (Spark's local directories, unpacked native libraries)."""
+        with contextlib.suppress(TimeoutError):
+            processes.kill_run(self.token, timeout=5.0)
+        processes.remove_scratch(self.token)
 
 
 _DEFAULT_POOL: DriverPool | None = None

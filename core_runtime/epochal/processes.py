@@ -6,6 +6,11 @@ process group misses the daemons. So every run gets a *run token* in its environ
 every descendant inherits (``/proc/<pid>/environ`` keeps it, forks included); the run's
 processes are the ones that carry the token, wherever they were re-parented to.
 
+Every run also gets a *scratch directory*, named after its token, for its temporary files
+(the driver's ``TMPDIR``, which its JVM follows): what a killed run leaves there (Spark's local
+directories, the native libraries the JVM unpacks, a warm-up's checkpoint) is removed with the
+directory once the run ended.
+
 Also here: the parent-death signal that keeps a driver from outliving its supervisor.
 """
 
@@ -14,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 
@@ -22,6 +29,9 @@ RUN_TOKEN_ENV = "EPOCHAL_RUN_TOKEN"
 """The environment variable that marks every process of one driver run."""
 SUPERVISOR_PID_ENV = "EPOCHAL_SUPERVISOR_PID"
 """The pid of the supervisor of a driver run (inherited by all the run's processes)."""
+
+SCRATCH_PREFIX = "epochal-run-"
+"""The name of a driver run's scratch directory: this, then its run token."""
 
 _PR_SET_PDEATHSIG = 1
 
@@ -53,6 +63,24 @@ def processes_of(token: str) -> list[int]:
     return found
 
 
+def _live_tokens() -> set[str]:
+    """The run tokens that some live process carries."""
+    if not os.path.isdir("/proc"):
+        return set()
+    prefix = f"{RUN_TOKEN_ENV}=".encode()
+    tokens = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or _is_zombie(int(name)):
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                entries = fh.read().split(b"\0")
+        except OSError:
+            continue
+        tokens.update(e[len(prefix) :].decode() for e in entries if e.startswith(prefix))
+    return tokens
+
+
 def command_line(pid: int) -> bytes:
     """The process' arguments, NUL-separated as in ``/proc/<pid>/cmdline`` (empty: gone)."""
     try:
@@ -76,25 +104,45 @@ def python_workers(token: str) -> list[int]:
     return found
 
 
-def children_running(parent: int, module: bytes) -> list[int]:
-    """The live child processes of ``parent`` whose command line names ``module`` (a Python
-    module run with ``-m``): e.g. the streaming source runners a Spark driver's JVM starts."""
+def _parents() -> dict[int, int]:
+    """Every live process (not a zombie) and its parent's pid, read from ``/proc``."""
     if not os.path.isdir("/proc"):
-        return []
-    found = []
+        return {}
+    parents = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) != parent or fields[0] in ("Z", "X"):
-                continue
-            if module in command_line(int(name)):
-                found.append(int(name))
-        except (OSError, IndexError, ValueError):
+        except (OSError, IndexError):
             continue
-    return found
+        if fields[0] not in ("Z", "X"):
+            parents[int(name)] = int(fields[1])
+    return parents
+
+
+def children_running(parent: int, module: bytes) -> list[int]:
+    """The live child processes of ``parent`` whose command line names ``module`` (a Python
+    module run with ``-m``): e.g. the streaming source runners a Spark driver's JVM starts."""
+    return [
+        pid for pid, ppid in _parents().items() if ppid == parent and module in command_line(pid)
+    ]
+
+
+def descendants(ancestor: int) -> dict[int, int]:
+    """The live processes below ``ancestor`` in the process tree (children, theirs, ...),
+    each with its parent's pid: e.g. the Python workers that PySpark's daemons forked for a
+    driver."""
+    parents = _parents()
+    below = {}
+    for pid, parent in parents.items():
+        up = parent
+        while up > 1 and up != ancestor:
+            up = parents.get(up, 0)
+        if up == ancestor and pid != ancestor:
+            below[pid] = parent
+    return below
 
 
 def _is_zombie(pid: int) -> bool:
@@ -162,3 +210,39 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def scratch_dir(token: str) -> str:
+    """The scratch directory of the driver run ``token``: in this process's temporary
+    directory, named after the token (:data:`SCRATCH_PREFIX`)."""
+    return os.path.join(tempfile.gettempdir(), SCRATCH_PREFIX + token)
+
+
+def remove_scratch(token: str) -> None:
+    """Remove the scratch directory of the driver run ``token``, which has ended."""
+    shutil.rmtree(scratch_dir(token), ignore_errors=True)
+
+
+def sweep_scratch(older_than: float = 300.0) -> list[str]:
+    """Remove the scratch directories of driver runs that have no process left, which a
+    killed supervisor could not remove; a directory younger than ``older_than`` seconds is
+    kept (its run's driver may not have started yet). Returns the run tokens swept; sweeps
+    nothing without ``/proc``, where live runs cannot be told from dead ones."""
+    if not os.path.isdir("/proc"):
+        return []
+    base = tempfile.gettempdir()
+    swept: list[str] = []
+    live = _live_tokens()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            if not name.startswith(SCRATCH_PREFIX):
+                continue
+            token = name[len(SCRATCH_PREFIX) :]
+            try:
+                age = time.time() - os.stat(os.path.join(base, name)).st_mtime
+            except OSError:
+                continue
+            if age >= older_than and token not in live:
+                remove_scratch(token)
+                swept.append(token)
+    return swept

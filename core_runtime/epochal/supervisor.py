@@ -153,6 +153,7 @@ class Supervisor:
         record = self.jobdir.load()
         self.config = record.job_config
         self.profile = SessionProfile.of(record)
+        processes.sweep_scratch()  # what the drivers of a killed supervisor left
         if self.pool is not None:
             self.pool.prepare(self.profile)
         try:

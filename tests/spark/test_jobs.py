@@ -3,7 +3,6 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -215,7 +214,8 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     than PySpark lets idle workers live (it keeps warm); the whole driver run is killed
     (SIGKILL); the warm standby takes the job at the next epoch (its run is of kind
     ``standby``), the record stops naming it as the standby, a new standby is warmed once
-    the promoted driver has made progress, and every record arrives."""
+    the promoted driver has made progress, and every record arrives. What the killed run's
+    JVM kept in its temporary directory (its run's scratch directory) is removed."""
     config = _config(tmp_path, available_now=False, snapshot_interval=1.0, standby=True)
     job = Job.submit("standby", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) == 200, "the first run's output")
@@ -232,6 +232,8 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     assert not gone, (gone, "the waiting standby's Python task workers were reaped")
     gone = sorted(pid for pid in planners if not processes.alive(pid))
     assert not gone, (gone, "the running driver's planner workers were reaped")
+    scratch = Path(processes.scratch_dir(str(record.driver["token"])))
+    assert list(scratch.glob("blockmgr-*")), "the driver's JVM keeps its files elsewhere"
     processes.kill_run(str(record.driver["token"]))
     _wait(lambda: len(job.status().runs) >= 2, "the promoted run")
     record = job.status()
@@ -242,6 +244,7 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     with MapStore(map_path) as store:
         store.append_events("input", [(str(i), f"v{i}") for i in range(200, 250)])
     _wait(lambda: len(_output(map_path)) == 250, "the promoted run's output")
+    _wait(lambda: not scratch.exists(), "the killed driver's scratch directory to go")
     _wait(
         lambda: job.status().supervisor.get("standby_pid") not in (None, standby),
         "a new warm standby",
@@ -264,28 +267,13 @@ def _source_runners(job: Job) -> list[int]:
 
 def _forked_workers(driver_pid: int, module: bytes) -> set[int]:
     """The Python workers of ``module`` that a PySpark daemon of a driver forked (and keeps
-    for reuse), found through the process tree below the driver."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-            parents[int(name)] = int(stat[1])
-
-    def below_driver(pid: int) -> bool:
-        while pid > 1:
-            pid = parents.get(pid, 0)
-            if pid == driver_pid:
-                return True
-        return False
+    for reuse): below the driver in the process tree, with a parent that runs it too."""
+    below = processes.descendants(driver_pid)
 
     def runs_module(pid: int) -> bool:
         return processes.command_line(pid).rstrip(b"\0").endswith(module)
 
-    return {
-        pid
-        for pid, parent in parents.items()
-        if runs_module(pid) and runs_module(parent) and below_driver(pid)
-    }
+    return {pid for pid, parent in below.items() if runs_module(pid) and runs_module(parent)}
 
 
 def _driver_logs(job: Job) -> str:

@@ -158,10 +158,23 @@ def warm_up(
     """Run the warm-up query on ``spark`` (and once more from its checkpoint, by default:
     one start per entry of ``batches_per_start``); returns how long it took (seconds). It
     is stopped early when ``stop_if()`` turns true (a job is waiting for this driver)."""
+    started = time.monotonic()
+    register(spark)
+    _run(spark, stop_if, batches_per_start)
+    return time.monotonic() - started
+
+
+def register(spark: Any) -> None:
+    """Register the warm-up source with the session (once: again, Spark logs a warning)."""
+    spark.dataSource.register(WarmupDataSource)
+
+
+def _run(spark: Any, stop_if: Callable[[], bool], batches_per_start: tuple[int, ...]) -> float:
+    """The warm-up query's starts, on a session with the source registered (see
+    :func:`register`); returns how long they took (seconds)."""
     from epochal.testing.pipelines import running_totals
 
     started = time.monotonic()
-    spark.dataSource.register(WarmupDataSource)
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
     try:
         upto = 0
@@ -185,10 +198,11 @@ def warm_up(
 
 
 def keep_warm(spark: Any, stop_if: Callable[[], bool]) -> float:
-    """One round of keeping a waiting driver warm: a batch of the warm-up query, so each of
-    PySpark's worker factories is used again before it kills its idle workers (see
-    :data:`KEEP_WARM_SECONDS`); returns how long it took (seconds)."""
-    return warm_up(spark, stop_if=stop_if, batches_per_start=KEEP_WARM_BATCHES)
+    """One round of keeping a waiting driver warm (after :func:`warm_up` on ``spark``): a
+    batch of the warm-up query, so each of PySpark's worker factories is used again before
+    it kills its idle workers (see :data:`KEEP_WARM_SECONDS`); returns how long it took
+    (seconds)."""
+    return _run(spark, stop_if, KEEP_WARM_BATCHES)
 
 
 #: The Spark job group of :func:`touch_planners`' jobs (not the job's own, for the driver).
@@ -201,14 +215,13 @@ def touch_planners(spark: Any) -> None:
     query's start takes (creating its data sources, planning its read, its writer) are used
     only then, so while a job runs PySpark reaps them after a minute (see
     :data:`KEEP_WARM_SECONDS`), and a restart in place would fork them again and import the
-    connectors in them again."""
+    connectors in them again. The source must be registered (:func:`register`)."""
     from pyspark.sql import SparkSession
 
     context = spark.sparkContext
     # the writer looks its data source up in the JVM thread's active session, which a thread
     # of the driver's own does not have (PySpark sets it the same way in createDataFrame)
     SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
-    spark.dataSource.register(WarmupDataSource)
     context.setJobGroup(KEEP_WARM_JOB_GROUP, "epochal: keep the planner workers warm")
     try:
         spark.read.format(FORMAT).load().write.format(FORMAT).mode("append").save()
