@@ -897,8 +897,11 @@ def _ends_by_itself(spark: Any, query: Any) -> bool:
     its tasks do not need the runner, and stopping the query under them would destroy their
     Python workers (a task interrupted mid-stream never returns its worker to the pool), so
     the restarted query's first batch would fork new ones and import pandas and pyarrow again
-    (1-1.5 s on a 2-core machine). That batch commits as any batch does; Spark's next call
-    into the runner fails, or the driver stops the query first."""
+    (1-1.5 s on a 2-core machine). The batch is finished when its trigger is, not when its
+    Spark jobs are: after them the sink's commit runs on the driver, and a query stopped then
+    aborts the batch (the restarted query reads and writes it again). That batch commits as
+    any batch does; Spark's next call into the runner fails, or the driver stops the query
+    first."""
     started = time.monotonic()
     said = False
     while True:
@@ -911,11 +914,20 @@ def _ends_by_itself(spark: Any, query: Any) -> bool:
         if waited >= BATCH_IN_FLIGHT_SECONDS:
             return False
         if waited >= ENDING_GRACE_SECONDS:
-            if not _running_jobs(spark):
+            if not _running_jobs(spark) and not _in_trigger(query):
                 return False
             if not said:
                 sys.stderr.write(f"epochal driver: {BATCH_IN_FLIGHT_NOTE}\n")
                 said = True
+
+
+def _in_trigger(query: Any) -> bool:
+    """Whether the query is inside a trigger: planning a batch, running its tasks, or
+    committing it on the driver after them (Spark's ``isTriggerActive``)."""
+    try:
+        return bool(query.status.get("isTriggerActive"))
+    except Exception:  # it ended meanwhile
+        return False
 
 
 def _wait_for_idle(spark: Any, seconds: float) -> None:

@@ -186,7 +186,12 @@ def test_a_batch_in_flight_when_the_source_runner_dies_finishes_and_keeps_its_wo
     """The source runner is killed while batch 0's tasks run (held by the pipeline): the
     driver lets the batch finish before it restarts the query in place, so the Python
     workers of those tasks go back to PySpark's pool and serve the new query (stopping the
-    query under them would destroy them, and the new query would fork and import anew)."""
+    query under them would destroy them, and the new query would fork and import anew),
+    and the batch commits: the new run's sink recovery finds none of its transactions
+    undecided (stopped after its tasks but before its commit on the driver, it was aborted
+    and read again), and the new run's first batch is batch 1, which brings the output to
+    100 records at once (50 a batch; a replayed batch 0 brought 50, and the next batch came
+    at the next minute, the trigger's interval)."""
     config = _config(tmp_path, available_now=False, snapshot_interval=60.0)
     job = Job.submit("held", "pipelines:held_once", config, report=lambda line: None)
     pids_file, release = Path(map_path + ".pids"), Path(map_path + ".release")
@@ -202,6 +207,9 @@ def test_a_batch_in_flight_when_the_source_runner_dies_finishes_and_keeps_its_wo
     assert job.status().runs[-1]["kind"] == "in-place", job.status().runs
     _wait(lambda: len(_output(map_path)) >= 100, "the new run's first batch")
     assert all(processes.alive(pid) for pid in held), (held, "a held worker was destroyed")
+    protocol = (Path(job.jobdir.logs) / "protocol.log").read_text()
+    recovery = [line for line in protocol.splitlines() if "recovery at the start of run 2" in line]
+    assert recovery and all("rolled back 0 undecided" in line for line in recovery), recovery
     job.cancel()
     assert job.join(120).status == JobStatus.CANCELLED
     assert len(_output(map_path)) >= 100
