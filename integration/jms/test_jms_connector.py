@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from epochal_jms import JmsSink, JmsSource
-from epochal_jms.testing import broker_config, browse, send, url_of
+from epochal_jms.testing import broker_config, browse, browse_until, send, url_of
 
 from epochal_sdk import (
     ConfigError,
@@ -90,7 +90,8 @@ def test_acknowledge_ignores_unknown_and_repeated_ids(config: Any, jms_queue: Jm
     src.acknowledge(["no-such-id", got[0].id])
     src.acknowledge([got[0].id, "older-session-id"])  # again: nothing happens
     src.close()  # y was not acknowledged: it goes back, x is gone
-    assert [f.body for f in browse(config, jms_queue.destination)] == [b"y"]
+    back = browse_until(config, jms_queue.destination, lambda frames: bool(frames))
+    assert [f.body for f in back] == [b"y"]
 
 
 def test_schema_columns(config: Any, jms_queue: JmsQueue) -> None:

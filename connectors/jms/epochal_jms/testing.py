@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from epochal.testing import SinkUnderTest, SourceUnderTest
@@ -82,6 +82,22 @@ def browse(config: BrokerConfig, destination: str, timeout: float = 120.0) -> li
                 client.conn.ack(frame.headers["ack"])
     finally:
         client.close()
+
+
+def browse_until(
+    config: BrokerConfig,
+    destination: str,
+    settled: Callable[[list[Any]], bool],
+    timeout: float = 30.0,
+) -> list[Any]:
+    """Browse again until ``settled`` holds for what is on the queue, or ``timeout`` s passed;
+    the last browse either way. For messages a session that just closed held: Artemis confirms
+    the DISCONNECT before it has put that session's unacknowledged messages back."""
+    deadline = time.monotonic() + timeout
+    while True:
+        frames = browse(config, destination)
+        if settled(frames) or time.monotonic() >= deadline:
+            return frames
 
 
 class JmsQueueUnderTest(SourceUnderTest):
