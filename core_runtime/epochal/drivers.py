@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,13 +93,13 @@ class DriverProcess:
         if job is not None:
             epoch, snapshot_dir, name = job
             role = ["--epoch", str(epoch), snapshot_dir, name]
-        self.scratch = processes.scratch_dir(self.token)
-        os.makedirs(self.scratch)
+        scratch = processes.scratch_dir(self.token)
+        os.makedirs(scratch)
         env = {
             **os.environ,
             **profile.environment(),
             "PYTHONUNBUFFERED": "1",
-            "TMPDIR": self.scratch,  # the run's temporary files, removed when it ended
+            "TMPDIR": scratch,  # the run's temporary files, removed when it ended
             processes.RUN_TOKEN_ENV: self.token,
             processes.SUPERVISOR_PID_ENV: str(os.getpid()),
             RUN_DIR_ENV: run_dir,
@@ -252,12 +253,14 @@ class DriverPool:
 
     Args:
         size: how many warm drivers to keep per profile.
-        directory: where their logs and run records go (a temporary directory by default).
+        directory: where their logs and run records go, taken drivers' too (by default a
+            temporary directory, removed by :meth:`close`).
     """
 
     def __init__(self, size: int = 1, directory: str | None = None) -> None:
         self.size = size
         self.directory = directory or tempfile.mkdtemp(prefix="epochal-pool-")
+        self._own_directory = directory is None
         self._lock = threading.Lock()
         self._warm: dict[SessionProfile, list[DriverProcess]] = {}
         self._wanted: set[SessionProfile] = set()
@@ -320,7 +323,9 @@ class DriverPool:
                         )
 
     def close(self) -> None:
-        """Kill every waiting driver."""
+        """Kill every waiting driver, and remove the pool's own directory if it made one, with
+        the logs and run records of every driver it started (drivers taken from it too: close
+        the pool once the jobs that took them ended)."""
         with self._lock:
             self._closed = True
             drivers = [d for group in self._warm.values() for d in group]
@@ -328,3 +333,5 @@ class DriverPool:
         self._wake.set()
         for driver in drivers:
             driver.kill()
+        if self._own_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -41,44 +41,52 @@ def new_run_token() -> str:
     return uuid.uuid4().hex
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
+_TOKEN_ENTRY = f"{RUN_TOKEN_ENV}=".encode()
+
+
+def _run_token(pid: int) -> str | None:
+    """The run token in a process's environment (None: it has none, is gone, or is not ours
+    to read)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            return needle in fh.read()
-    except OSError:  # gone, or not ours to read
-        return False
+            environ = fh.read()
+    except OSError:
+        return None
+    start = environ.find(_TOKEN_ENTRY)
+    if start < 0 or (start > 0 and environ[start - 1] != 0):
+        return None
+    start += len(_TOKEN_ENTRY)
+    end = environ.find(b"\0", start)
+    return environ[start : end if end >= 0 else len(environ)].decode(errors="replace")
+
+
+def _run_tokens() -> dict[int, str]:
+    """Every live process (not a zombie) that carries a run token, with its token (empty on
+    systems without ``/proc``)."""
+    if not os.path.isdir("/proc"):
+        return {}
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        token = _run_token(int(name))
+        if token is not None and not _is_zombie(int(name)):
+            found[int(name)] = token
+    return found
 
 
 def processes_of(token: str) -> list[int]:
-    """The live processes that carry ``token`` (empty on systems without ``/proc``)."""
-    if not token or not os.path.isdir("/proc"):
+    """The live processes other than this one that carry ``token`` (empty on systems without
+    ``/proc``)."""
+    if not token:
         return []
-    needle = f"{RUN_TOKEN_ENV}={token}\0".encode()
     me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        pid = int(name) if name.isdigit() else me
-        if pid != me and _environ_has(pid, needle) and not _is_zombie(pid):
-            found.append(pid)
-    return found
+    return [pid for pid, carried in _run_tokens().items() if carried == token and pid != me]
 
 
 def _live_tokens() -> set[str]:
     """The run tokens that some live process carries."""
-    if not os.path.isdir("/proc"):
-        return set()
-    prefix = f"{RUN_TOKEN_ENV}=".encode()
-    tokens = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or _is_zombie(int(name)):
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                entries = fh.read().split(b"\0")
-        except OSError:
-            continue
-        tokens.update(e[len(prefix) :].decode() for e in entries if e.startswith(prefix))
-    return tokens
+    return set(_run_tokens().values())
 
 
 def command_line(pid: int) -> bytes:
@@ -104,21 +112,25 @@ def python_workers(token: str) -> list[int]:
     return found
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and its parent's pid, from ``/proc/<pid>/stat`` (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _parents() -> dict[int, int]:
     """Every live process (not a zombie) and its parent's pid, read from ``/proc``."""
     if not os.path.isdir("/proc"):
         return {}
     parents = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in ("Z", "X"):
-            parents[int(name)] = int(fields[1])
+        stat = _stat(int(name)) if name.isdigit() else None
+        if stat is not None and stat[0] not in _DEAD_STATES:
+            parents[int(name)] = stat[1]
     return parents
 
 
@@ -145,13 +157,14 @@ def descendants(ancestor: int) -> dict[int, int]:
     return below
 
 
+_DEAD_STATES = ("Z", "X")
+"""The states of a process that exited: a zombie waiting to be reaped, or dead."""
+
+
 def _is_zombie(pid: int) -> bool:
     """A process that exited and waits to be reaped (it can no longer do anything)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
+    stat = _stat(pid)
+    return stat is None or stat[0] in _DEAD_STATES
 
 
 def kill_run(token: str, timeout: float = 10.0) -> list[int]:
