@@ -159,7 +159,10 @@ class Bench:
             standby=True,
             restart_backoff=0.0,
             max_restarts=50,
-            spark_conf={"spark.sql.shuffle.partitions": "2"},
+            spark_conf={
+                "spark.sql.shuffle.partitions": "2",
+                **dict(setting.split("=", 1) for setting in self.args.spark_conf),
+            },
         )
         self.job = Job.submit(
             "recovery", "integration.bench.recovery:pipeline", config, report=lambda line: None
@@ -374,7 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", default="docs/performance/recovery.png", help="PNG path (default: %(default)s)"
     )
     parser.add_argument("--json", help="write the samples as JSON here")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the job, e.g. spark.eventLog.enabled=true (repeatable)",
+    )
     args = parser.parse_args(argv)
+    if any("=" not in setting for setting in args.spark_conf):
+        parser.error("--spark-conf takes KEY=VALUE, e.g. spark.eventLog.enabled=true")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))

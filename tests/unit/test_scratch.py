@@ -77,3 +77,16 @@ def test_an_ended_run_scratch_directory_is_removed(temporary_directory: Path) ->
     processes.remove_scratch(token)
     assert not path.exists()
     processes.remove_scratch(token)  # twice: nothing left to do
+
+
+def test_a_closed_driver_pool_removes_the_directory_it_made(temporary_directory: Path) -> None:
+    from epochal.drivers import DriverPool
+
+    made = DriverPool()
+    Path(made.directory, "driver-1.log").write_text("a waiting driver's log")
+    given = DriverPool(directory=str(temporary_directory / "given"))
+    os.makedirs(given.directory)
+    made.close()
+    given.close()
+    assert not os.path.exists(made.directory), "the pool left its own directory behind"
+    assert os.path.isdir(given.directory), "the pool removed a directory it was given"
