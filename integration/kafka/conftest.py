@@ -7,9 +7,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from epochal_kafka.sink import MARKERS
 from epochal_kafka.testing import KafkaSinkUnderTest, KafkaSourceUnderTest
 
 from integration.harness.kafka import KafkaServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _marker_readers_closed_before_the_broker_stops(kafka_server: KafkaServer) -> Iterator[None]:
+    """The sink's marker consumers that the tests of this process made are closed before
+    the session's broker stops (they would log failed reconnections until the process ends)."""
+    yield
+    MARKERS.close()
 
 
 @pytest.fixture

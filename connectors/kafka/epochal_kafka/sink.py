@@ -306,6 +306,16 @@ class MarkerReaders:
             with contextlib.suppress(Exception):
                 consumer.close()
 
+    def close(self) -> None:
+        """Close every consumer (a process that outlives its brokers, such as a test session,
+        would otherwise log their reconnection attempts until it exits)."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+            self._consumers.clear()
+        for consumer in consumers:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
 
 MARKERS = MarkerReaders()
 """This Python worker's marker consumers."""
