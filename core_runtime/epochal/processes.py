@@ -52,10 +52,13 @@ def _run_token(pid: int) -> str | None:
             environ = fh.read()
     except OSError:
         return None
-    start = environ.find(_TOKEN_ENTRY)
-    if start < 0 or (start > 0 and environ[start - 1] != 0):
-        return None
-    start += len(_TOKEN_ENTRY)
+    if environ.startswith(_TOKEN_ENTRY):
+        start = len(_TOKEN_ENTRY)
+    else:  # an entry's start, not a value or another name that ends the same way
+        start = environ.find(b"\0" + _TOKEN_ENTRY)
+        if start < 0:
+            return None
+        start += 1 + len(_TOKEN_ENTRY)
     end = environ.find(b"\0", start)
     return environ[start : end if end >= 0 else len(environ)].decode(errors="replace")
 

@@ -90,3 +90,27 @@ def test_a_closed_driver_pool_removes_the_directory_it_made(temporary_directory:
     given.close()
     assert not os.path.exists(made.directory), "the pool left its own directory behind"
     assert os.path.isdir(given.directory), "the pool removed a directory it was given"
+
+
+def test_a_run_process_is_found_by_its_token_entry_alone() -> None:
+    """Only the ``EPOCHAL_RUN_TOKEN=`` entry of a process's environment names its run: not
+    a value that contains it, nor a longer variable name that ends with it."""
+    token, decoy = processes.new_run_token(), processes.new_run_token()
+    runner = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "A_VALUE": f"{processes.RUN_TOKEN_ENV}={decoy}",
+            f"X{processes.RUN_TOKEN_ENV}": decoy,
+            processes.RUN_TOKEN_ENV: token,
+        },
+        stdin=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not processes.processes_of(token) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert processes.processes_of(token) == [runner.pid]
+        assert processes.processes_of(decoy) == []
+    finally:
+        runner.communicate(b"")
