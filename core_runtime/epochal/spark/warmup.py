@@ -86,7 +86,8 @@ class _Writer(DataSourceStreamArrowWriter):
         return WriterCommitMessage()
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to commit."""
+        """Nothing to commit (in the sink's commit runner: prime it)."""
+        prime_worker()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to abort."""
@@ -113,11 +114,22 @@ class _BatchWriter(DataSourceArrowWriter):
         """Nothing to abort."""
 
 
+_primed = False
+"""Whether :func:`prime_worker` ran in this process."""
+
+
 def prime_worker() -> None:
-    """In a Python task worker: import epochal's data source layer and every installed
-    connector (and its client library) once, as the job's first tasks would, so a promoted
-    standby's first batch finds them loaded (a failing connector is left to the job's own
-    discovery, which reports it)."""
+    """In a Python process Spark started for a query (a task worker; the planner workers that
+    create the data source and plan its reads and writes; the source runner; the sink's commit
+    runner): import epochal's data source layer and every installed connector (and its client
+    library) once, as the job's first use of that process would, so a promoted standby's first
+    batch finds them loaded (a failing connector is left to the job's own discovery, which
+    reports it). Pooled processes are reused by the job's query; imports are done once per
+    process."""
+    global _primed
+    if _primed:
+        return
+    _primed = True
     with contextlib.suppress(Exception):
         import epochal.spark.datasource  # noqa: F401
         from epochal import registry
@@ -135,12 +147,15 @@ class WarmupDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
+        prime_worker()
         return "id long, value string"
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        prime_worker()
         return _Reader(int(self.options.get("batches", BATCHES_PER_START[0])))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _Writer:
+        prime_worker()
         return _Writer()
 
     def reader(self, schema: StructType) -> DataSourceReader:
