@@ -17,9 +17,12 @@ killed, repeatedly, three ways:
               driver restarts the query in its own SparkSession
 
 and two times are measured: kill → the first batch committed after it, and kill → the sink
-caught up (its counts add up to every event produced before the kill). It prints a table and
-writes a PNG plot of recovery time against state size (matplotlib, ``pip install
-matplotlib``); docs/performance/recovery.md shows both.
+caught up (its counts add up to every event produced before the kill). Before the job, on the
+idle machine, it measures the peer under every cold recovery: plain PySpark, without epochal,
+from a new process to the first committed batch of the same query shape with no state to
+load (``integration.bench.pyspark_floor``; ``--floor`` times). It prints a table and writes a
+PNG plot of recovery time against state size (matplotlib, ``pip install matplotlib``);
+docs/performance/recovery.md shows both.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -275,8 +279,44 @@ class Bench:
         print(line, flush=True)
 
 
-def table(samples: list[Sample]) -> str:
-    """The p50 (and max) per kind and state size."""
+FLOOR_LABEL = "plain PySpark, new process, no state"
+"""The peer's row: :mod:`integration.bench.pyspark_floor`."""
+
+
+def pyspark_floor(times: int, keys: int) -> list[float]:
+    """Seconds from a new process's launch to plain PySpark's first committed batch of the
+    benchmark's query shape (see :mod:`integration.bench.pyspark_floor`), ``times`` times."""
+    totals = []
+    for turn in range(times):
+        launched = time.time()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "integration.bench.pyspark_floor",
+                f"--launched={launched}",
+                f"--keys={keys}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"the PySpark floor run failed:\n{done.stderr[-3000:]}")
+        steps = json.loads(lines[-1])
+        totals.append(float(steps["total"]))
+        print(
+            f"  floor  {FLOOR_LABEL}: first batch {steps['total']:6.2f}s  (round {turn + 1}; "
+            + ", ".join(f"{k} {v:.2f}" for k, v in steps.items() if k != "total")
+            + ")",
+            flush=True,
+        )
+    return totals
+
+
+def table(samples: list[Sample], floor: list[float] | None = None) -> str:
+    """The p50 per kind and state size, and the peer's (the same for every size)."""
     sizes = sorted({s.size_mb for s in samples})
     lines = [
         "| recovery | "
@@ -295,11 +335,15 @@ def table(samples: list[Sample]) -> str:
             caught = statistics.median(s.caught_up_s for s in chosen)
             cells.append(f"{first:.1f} s / {caught:.1f} s (n={len(chosen)})")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    if floor:
+        cell = f"{statistics.median(floor):.1f} s / - (n={len(floor)})"
+        lines.append(f"| {FLOOR_LABEL} | " + " | ".join([cell] * len(sizes)) + " |")
     return "\n".join(lines)
 
 
-def plot(samples: list[Sample], path: str) -> str:
-    """A PNG of recovery time (p50, kill → first batch and → caught up) per state size."""
+def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> str:
+    """A PNG of recovery time (p50, kill → first batch and → caught up) per state size, with
+    the peer's first batch as a line."""
     try:
         import matplotlib
 
@@ -321,11 +365,14 @@ def plot(samples: list[Sample], path: str) -> str:
             points = [(size, statistics.median(values)) for size, values in points if values]
             if points:
                 axis.plot(*zip(*points, strict=True), marker=marker, label=kind)
+        if floor and attr == "first_batch_s":
+            axis.axhline(statistics.median(floor), color="grey", linestyle="--", label=FLOOR_LABEL)
         axis.set_xscale("log")
         axis.set_xlabel("keyed state (MB, log scale)")
         axis.set_title(title)
         axis.grid(True, alpha=0.3)
     axes[0].set_ylabel("seconds (p50)")
+    axes[0].legend(fontsize="small")
     axes[1].legend()
     figure.suptitle("epochal recovery time by way of recovery and state size (2 cores)")
     figure.tight_layout()
@@ -376,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plot", default="docs/performance/recovery.png", help="PNG path (default: %(default)s)"
     )
+    parser.add_argument(
+        "--floor",
+        type=int,
+        help="runs of the plain-PySpark peer before the job (default: --repeats; 0: none)",
+    )
     parser.add_argument("--json", help="write the samples as JSON here")
     parser.add_argument(
         "--spark-conf",
@@ -392,17 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     directory = tempfile.mkdtemp(prefix="epochal-recovery-")
     samples: list[Sample] = []
+    floor = pyspark_floor(args.repeats if args.floor is None else args.floor, args.keys)
     try:
         for size in (int(s) for s in args.sizes.split(",")):
             samples += Bench(size, args, directory).run()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print()
-    print(table(samples))
-    print(plot(samples, args.plot))
+    print(table(samples, floor))
+    print(plot(samples, args.plot, floor))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump([s.__dict__ for s in samples], fh, indent=2)
+            json.dump({"samples": [s.__dict__ for s in samples], "floor": floor}, fh, indent=2)
     return 0
 
 

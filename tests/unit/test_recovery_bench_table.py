@@ -1,0 +1,28 @@
+"""The recovery benchmark's table: every kind measured, and the plain-PySpark peer's row."""
+
+from __future__ import annotations
+
+from integration.bench.recovery import FLOOR_LABEL, Sample, table
+
+
+def test_table_has_the_median_of_each_kind_and_size_and_the_peer_row() -> None:
+    samples = [
+        Sample("cold", 1, 13.0, 18.0),
+        Sample("cold", 1, 12.0, 17.0),
+        Sample("cold", 1, 14.0, 19.0),
+        Sample("standby", 100, 2.5, 3.0),
+    ]
+    lines = table(samples, floor=[10.4, 10.9, 10.6]).splitlines()
+
+    assert (
+        lines[0] == "| recovery | 1 MB: first batch / caught up | 100 MB: first batch / caught up |"
+    )
+    assert "| cold | 13.0 s / 18.0 s (n=3) | - |" in lines
+    assert "| standby | - | 2.5 s / 3.0 s (n=1) |" in lines
+    assert "| in-place | - | - |" in lines
+    peer = "10.6 s / - (n=3)"
+    assert lines[-1] == f"| {FLOOR_LABEL} | {peer} | {peer} |"
+
+
+def test_table_without_the_peer_has_no_peer_row() -> None:
+    assert FLOOR_LABEL not in table([Sample("in-place", 1, 1.7, 1.8)], floor=[])
