@@ -24,7 +24,10 @@ Actions (the default is ``driver`` for driver points, ``executor`` for executor 
                 does nothing once another supervisor took the job over.
 
 The process that fires a fault first records a marker in ``<job>/faults`` (with the pids it
-is about to kill or stop, and the run's token), then acts.
+is about to kill or stop, and the run's token), then acts. A run that a fault ended or
+paused (``driver``, ``supervisor``, ``pause``) fires no later fault: what is left of it (an
+orphaned driver finishing a step before it notices its supervisor is gone, a zombie resumed
+after its pause) must not take a fault meant for the run that took the job over.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ EXECUTOR_POINTS = {
 }
 POINTS = {**DRIVER_POINTS, **EXECUTOR_POINTS}
 ACTIONS = ("driver", "executor", "worker", "supervisor", "pause")
+RUN_ENDING_ACTIONS = ("driver", "supervisor", "pause")
+"""Actions after which the run they hit fires no more faults (it is ended or a zombie)."""
 
 FAULTS_ENV = "EPOCHAL_FAULTS"
 
@@ -119,8 +124,28 @@ class FaultPlan:
                 continue  # only the next fault of a sequence is armed
             if fault.point != point or (fault.batch is not None and fault.batch != batch):
                 continue
+            if self._ended_this_run():
+                return  # an orphan or a zombie: the faults left are for the runs after it
             if self._claim(index, fault, batch):
                 _act(fault, batch)
+
+    def _ended_this_run(self) -> bool:
+        """Whether a fault already fired ended or paused the run this process belongs to."""
+        token = os.environ.get(RUN_TOKEN_ENV)
+        if not token or not self.marker_dir:
+            return False
+        for index, fault in enumerate(self.faults):
+            if fault.kind not in RUN_ENDING_ACTIONS:
+                continue
+            path = os.path.join(self.marker_dir, self._marker(index, fault))
+            try:
+                with open(path) as fh:
+                    info = json.load(fh)
+            except (OSError, ValueError):
+                continue  # not fired (or its marker is being written: not by this run)
+            if isinstance(info, dict) and info.get("token") == token:
+                return True
+        return False
 
     def _marker(self, index: int, fault: Fault) -> str:
         name = fault.label.replace("/", "_")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from epochal.faults import DRIVER_POINTS, EXECUTOR_POINTS, POINTS, Fault, FaultPlan
+from epochal.processes import RUN_TOKEN_ENV
 from epochal_sdk import ConfigError
 
 
@@ -76,9 +77,11 @@ print("survived", flush=True)
 
 
 def reach_in_subprocess(
-    plan: str, marker_dir: Path, point: str, batch: int
+    plan: str, marker_dir: Path, point: str, batch: int, run_token: str | None = None
 ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "EPOCHAL_RUN_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}
+    if run_token is not None:
+        env[RUN_TOKEN_ENV] = run_token
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, plan, str(marker_dir), point, str(batch)],
         env=env,
@@ -176,3 +179,37 @@ def test_a_worker_fault_kills_only_that_process(tmp_path: Path) -> None:
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert "sink.after_decision:worker at batch 1: worker" in done.stderr
+
+
+def test_a_run_that_a_fault_ended_fires_no_later_fault(tmp_path: Path) -> None:
+    """An orphaned driver run (the fault before killed its supervisor) that reaches the next
+    point of the sequence before it dies does not take that fault: it is meant for the run
+    of the supervisor that takes the job over. (The kit's real-failures case once saw the
+    orphan take the pause meant for the next supervisor's driver, 0.15 s after its own
+    supervisor was killed.) A process of another run takes it."""
+    markers = tmp_path / "faults"
+    markers.mkdir()
+    plan = "job.after_batch:supervisor > sink.before_decision:worker"
+    killed = {"pid": 1, "token": "orphaned-run", "supervisor": "2", "batch": 0, "at": 0.0}
+    (markers / "000-job.after_batch:supervisor").write_text(json.dumps(killed))
+    orphan = reach_in_subprocess(plan, markers, "sink.before_decision", 1, "orphaned-run")
+    assert orphan.returncode == 0, orphan.stderr
+    assert FaultPlan.parse(plan, str(markers)).fired() == ["job.after_batch:supervisor"]
+    successor = reach_in_subprocess(plan, markers, "sink.before_decision", 1, "next-run")
+    assert successor.returncode == -signal.SIGKILL, successor.stderr
+    assert FaultPlan.parse(plan, str(markers)).fired() == [
+        "job.after_batch:supervisor",
+        "sink.before_decision:worker",
+    ]
+
+
+def test_a_worker_fault_does_not_end_its_run_for_later_faults(tmp_path: Path) -> None:
+    """Several crash points in one run: after a worker kill the run goes on, and takes the
+    next fault of the sequence."""
+    markers = tmp_path / "faults"
+    markers.mkdir()
+    plan = "sink.after_decision:worker > job.after_batch:worker"
+    fired = {"pid": 1, "token": "one-run", "supervisor": "2", "batch": 0, "at": 0.0}
+    (markers / "000-sink.after_decision:worker").write_text(json.dumps(fired))
+    again = reach_in_subprocess(plan, markers, "job.after_batch", 1, "one-run")
+    assert again.returncode == -signal.SIGKILL, again.stderr

@@ -620,7 +620,12 @@ class RealFailures:
         second = self._supervise("b")
         _wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
-        zombie_epoch = int(self.jobdir.lease()["epoch"])
+        assert zombie["token"] != orphan["token"], "the pause fired in A's orphaned run"
+        lease = self.jobdir.lease()
+        assert lease is not None
+        # B is stopped: its last renewal is in the lease (or one made in the instant between
+        # the pause's marker and B's SIGSTOP, which only makes C wait longer)
+        zombie_epoch, last_renewal = int(lease["epoch"]), float(lease["renewed"])
         paused_at = float(zombie["at"])
         third = self._supervise("c")
         _wait_for(
@@ -630,12 +635,15 @@ class RealFailures:
         )
         taken = self._first_batch_of_epoch_after(zombie_epoch)
         assert taken is not None
-        waited = float(taken["started"]) - paused_at
-        assert waited >= ttl * 0.8 - 0.5, (
-            f"supervisor C took the job over {waited:.1f}s after the zombie's last renewal; "
-            f"it must wait for the lease ({ttl}s) to expire"
+        waited = float(taken["started"]) - last_renewal
+        assert waited >= ttl - 0.05, (
+            f"supervisor C took the job over {waited:.2f}s after the zombie's last lease "
+            f"renewal; it must wait for the lease ({ttl}s) to expire"
         )
-        notes.append(f"take-over {waited:.1f}s after the pause (lease ttl {ttl}s)")
+        notes.append(
+            f"take-over {waited:.1f}s after the zombie's last renewal, "
+            f"{float(taken['started']) - paused_at:.1f}s after its pause (lease ttl {ttl}s)"
+        )
         for pid in [int(zombie["supervisor"]), *processes.processes_of(str(zombie["token"]))]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
