@@ -337,6 +337,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
 
     from epochal.spark.classdata import driver_java_options
     from epochal.spark.home import use_fast_spark_home
+    from epochal.spark.statefiles import session_conf
 
     use_fast_spark_home(profile.master)
 
@@ -362,6 +363,8 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
             "spark.task.maxFailures", "4"
         )
     for key, value in objectstore.spark_conf().items():  # s3a:// checkpoints, executors' store
+        builder = builder.config(key, value)
+    for key, value in session_conf(profile.master).items():  # state files linked, not copied
         builder = builder.config(key, value)
     conf = dict(profile.spark_conf)
     for key, value in conf.items():

@@ -20,7 +20,10 @@ and two times are measured: kill → the first batch committed after it, and kil
 caught up (its counts add up to every event produced before the kill). Before the job, on the
 idle machine, it measures the peer under every cold recovery: plain PySpark, without epochal,
 from a new process to the first committed batch of the same query shape with no state to
-load (``integration.bench.pyspark_floor``; ``--floor`` times). It prints a table and writes a
+load (``integration.bench.pyspark_floor``; ``--floor`` times). ``--state-files links,copies``
+runs each size twice, the second time with the state store's files copied as Spark does by
+itself (``EPOCHAL_STATE_LINKS=off``, see :mod:`epochal.spark.statefiles`): the same kills,
+side by side. It prints a table and writes a
 PNG plot of recovery time against state size (matplotlib, ``pip install matplotlib``);
 docs/performance/recovery.md shows both.
 """
@@ -44,9 +47,12 @@ from typing import Any
 
 from epochal import processes
 from epochal.driver import SOURCE_RUNNER_MODULE
+from epochal.spark import statefiles
 
 SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
+STATE_FILES = ("links", "copies")
+"""How the job's state store files move between checkpoint and working directory."""
 
 
 def incompressible(size: int) -> str:
@@ -108,6 +114,12 @@ class Sample:
     size_mb: int
     first_batch_s: float
     caught_up_s: float
+    state_files: str = "links"
+
+    @property
+    def label(self) -> str:
+        """The table's row: the kind, and how state files moved when they were copied."""
+        return self.kind if self.state_files == "links" else f"{self.kind}, state files copied"
 
 
 @dataclass
@@ -136,13 +148,15 @@ class Producer:
 class Bench:
     """One state size: a job with a standby, killed the three ways in turn."""
 
-    def __init__(self, size_mb: int, args: argparse.Namespace, directory: str) -> None:
+    def __init__(
+        self, size_mb: int, args: argparse.Namespace, directory: str, state_files: str = "links"
+    ) -> None:
         from epochal_map.store import MapStore
 
-        self.size_mb, self.args = size_mb, args
+        self.size_mb, self.args, self.state_files = size_mb, args, state_files
         self.keys = args.keys
         self.pad = max(1, size_mb * 1_000_000 // self.keys)
-        self.directory = f"{directory}/{size_mb}mb"
+        self.directory = f"{directory}/{size_mb}mb-{state_files}"
         os.makedirs(self.directory)
         self.path = f"{self.directory}/map.sqlite"
         with MapStore(self.path) as store:  # every key once: the state exists from batch 0
@@ -168,6 +182,10 @@ class Bench:
                 **dict(setting.split("=", 1) for setting in self.args.spark_conf),
             },
         )
+        if self.state_files == "copies":  # the supervisor and its drivers inherit it
+            os.environ[statefiles.SWITCH_ENV] = "off"
+        else:
+            os.environ.pop(statefiles.SWITCH_ENV, None)
         self.job = Job.submit(
             "recovery", "integration.bench.recovery:pipeline", config, report=lambda line: None
         )
@@ -183,7 +201,7 @@ class Bench:
                     sample = self._kill(kind)
                     samples.append(sample)
                     self.say(
-                        f"{self.size_mb:>5} MB  {kind:<9} first batch "
+                        f"{self.size_mb:>5} MB  {sample.label:<9} first batch "
                         f"{sample.first_batch_s:6.2f}s  caught up {sample.caught_up_s:6.2f}s"
                         f"  (round {turn + 1})"
                     )
@@ -221,7 +239,9 @@ class Bench:
         self._wait(lambda: self._caught_up(produced), "the sink to catch up", 600)
         caught_up = time.time()
         self.say(self._breakdown(killed_at))
-        return Sample(kind, self.size_mb, first - killed_at, caught_up - killed_at)
+        return Sample(
+            kind, self.size_mb, first - killed_at, caught_up - killed_at, self.state_files
+        )
 
     def _breakdown(self, killed_at: float) -> str:
         """Where the recovery went: when the failed run ended (the failure was seen), when
@@ -324,21 +344,27 @@ def table(samples: list[Sample], floor: list[float] | None = None) -> str:
         + " |",
         "|---|" + "---:|" * len(sizes),
     ]
-    for kind in KINDS:
+    for label in _labels(samples):
         cells = []
         for size in sizes:
-            chosen = [s for s in samples if s.kind == kind and s.size_mb == size]
+            chosen = [s for s in samples if s.label == label and s.size_mb == size]
             if not chosen:
                 cells.append("-")
                 continue
             first = statistics.median(s.first_batch_s for s in chosen)
             caught = statistics.median(s.caught_up_s for s in chosen)
             cells.append(f"{first:.1f} s / {caught:.1f} s (n={len(chosen)})")
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if floor:
         cell = f"{statistics.median(floor):.1f} s / - (n={len(floor)})"
         lines.append(f"| {FLOOR_LABEL} | " + " | ".join([cell] * len(sizes)) + " |")
     return "\n".join(lines)
+
+
+def _labels(samples: list[Sample]) -> list[str]:
+    """Every kind (measured or not), then each kind measured with state files copied."""
+    copied = {s.kind for s in samples if s.state_files == "copies"}
+    return [*KINDS, *(Sample(k, 0, 0, 0, "copies").label for k in KINDS if k in copied)]
 
 
 def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> str:
@@ -357,14 +383,23 @@ def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> 
         (axes[0], "first_batch_s", "kill → first committed batch"),
         (axes[1], "caught_up_s", "kill → output caught up"),
     ):
-        for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
+        markers = dict(zip(KINDS, ("o", "s", "^"), strict=True))
+        colours = dict(zip(KINDS, ("C0", "C1", "C2"), strict=True))
+        for label in _labels(samples):
+            chosen = [s for s in samples if s.label == label]
             points = [
-                (size, [getattr(s, attr) for s in samples if (s.kind, s.size_mb) == (kind, size)])
-                for size in sizes
+                (size, [getattr(s, attr) for s in chosen if s.size_mb == size]) for size in sizes
             ]
             points = [(size, statistics.median(values)) for size, values in points if values]
             if points:
-                axis.plot(*zip(*points, strict=True), marker=marker, label=kind)
+                kind = chosen[0].kind
+                axis.plot(
+                    *zip(*points, strict=True),
+                    marker=markers[kind],
+                    color=colours[kind],
+                    linestyle=":" if chosen[0].state_files == "copies" else "-",
+                    label=label,
+                )
         if floor and attr == "first_batch_s":
             axis.axhline(statistics.median(floor), color="grey", linestyle="--", label=FLOOR_LABEL)
         axis.set_xscale("log")
@@ -380,14 +415,19 @@ def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> 
     return path
 
 
-def _kinds(text: str) -> list[str]:
-    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
-        raise argparse.ArgumentTypeError(
-            f"unknown kill kind(s) {unknown or text!r}: choose from {', '.join(KINDS)}"
-        )
-    return kinds
+def _choices(what: str, allowed: tuple[str, ...]) -> Any:
+    """An argparse type: a comma-separated list of ``allowed`` names, in the order given."""
+
+    def parse(text: str) -> list[str]:
+        chosen = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = sorted(set(chosen) - set(allowed))
+        if unknown or not chosen:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {unknown or text!r}: choose from {', '.join(allowed)}"
+            )
+        return chosen
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kinds",
         default=",".join(KINDS),
-        type=_kinds,
+        type=_choices("kill kind(s)", KINDS),
         help="the kills to make, in turn (default: %(default)s)",
     )
     parser.add_argument(
@@ -428,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="runs of the plain-PySpark peer before the job (default: --repeats; 0: none)",
     )
+    parser.add_argument(
+        "--state-files",
+        default="links",
+        type=_choices("state files mode(s)", STATE_FILES),
+        help="links (epochal's default), copies (Spark's own), or links,copies to run each "
+        "size both ways, side by side (default: %(default)s)",
+    )
     parser.add_argument("--json", help="write the samples as JSON here")
     parser.add_argument(
         "--spark-conf",
@@ -447,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     floor = pyspark_floor(args.repeats if args.floor is None else args.floor, args.keys)
     try:
         for size in (int(s) for s in args.sizes.split(",")):
-            samples += Bench(size, args, directory).run()
+            for state_files in args.state_files:
+                samples += Bench(size, args, directory, state_files).run()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print()

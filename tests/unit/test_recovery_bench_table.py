@@ -26,3 +26,16 @@ def test_table_has_the_median_of_each_kind_and_size_and_the_peer_row() -> None:
 
 def test_table_without_the_peer_has_no_peer_row() -> None:
     assert FLOOR_LABEL not in table([Sample("in-place", 1, 1.7, 1.8)], floor=[])
+
+
+def test_kills_with_state_files_copied_get_rows_of_their_own() -> None:
+    """``--state-files links,copies``: the same kills side by side, copies in rows below."""
+    samples = [
+        Sample("in-place", 1000, 2.2, 2.3),
+        Sample("in-place", 1000, 5.3, 5.4, state_files="copies"),
+        Sample("in-place", 1000, 5.5, 5.6, state_files="copies"),
+    ]
+    lines = table(samples).splitlines()
+    assert "| in-place | 2.2 s / 2.3 s (n=1) |" in lines
+    assert "| in-place, state files copied | 5.4 s / 5.5 s (n=2) |" in lines
+    assert not any(line.startswith("| cold, state files copied") for line in lines)

@@ -122,3 +122,40 @@ def test_a_driver_jvm_maps_the_class_data_archive() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert "MAPPED True" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_the_fast_home_has_every_pyspark_jar_and_the_state_file_system(tmp_path: Path) -> None:
+    """Its jars/ links each of PySpark's jars and adds the linking file system (built with
+    javac, which this project's machines have: a missing JDK would fail this test)."""
+    from epochal.spark import statefiles
+
+    package = home.package_home()
+    assert package is not None
+    fast = Path(home.fast_spark_home(package, root=str(tmp_path)))
+    ours = fast / "jars" / statefiles.JAR_NAME
+    assert ours.is_file(), "the state file system's jar was not built (is javac there?)"
+    assert set(os.listdir(fast / "jars")) == {*os.listdir(Path(package) / "jars"), ours.name}
+    assert statefiles.source_digest() in fast.name  # a changed source gets a new home
+
+
+def test_state_files_are_linked_only_where_every_jvm_has_the_jar(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from epochal.spark import statefiles
+
+    with_jar, without = tmp_path / "with", tmp_path / "without"
+    (with_jar / "jars").mkdir(parents=True)
+    (with_jar / "jars" / statefiles.JAR_NAME).write_bytes(b"")
+    (without / "jars").mkdir(parents=True)
+    linking = {"spark.hadoop.fs.file.impl": statefiles.FILE_SYSTEM_CLASS}
+    monkeypatch.delenv(statefiles.SWITCH_ENV, raising=False)
+    monkeypatch.setenv("SPARK_HOME", str(with_jar))
+    assert statefiles.session_conf("local[2]") == linking
+    assert statefiles.session_conf("local-cluster[2,1,1024]") == linking
+    assert statefiles.session_conf("spark://host:7077") == {}  # executors elsewhere
+    assert statefiles.session_conf("yarn") == {}
+    monkeypatch.setenv(statefiles.SWITCH_ENV, "off")
+    assert statefiles.session_conf("local[2]") == {}
+    monkeypatch.delenv(statefiles.SWITCH_ENV)
+    monkeypatch.setenv("SPARK_HOME", str(without))  # a Spark home of the user's, or no JDK
+    assert statefiles.session_conf("local[2]") == {}

@@ -12,7 +12,9 @@ driver.
 :func:`use_fast_spark_home` points ``SPARK_HOME`` at a directory that links to everything of
 the installed package but those two zips: the processes Spark starts then import PySpark (and
 py4j) from the interpreter's own site-packages, where their compiled bytecode is: the same
-code, the same version. It is used where the driver's Python processes run this
+code, the same version. Its ``jars/`` holds one jar more than PySpark's: a local file system
+that links state store files instead of copying them (:mod:`epochal.spark.statefiles`). It
+is used where the driver's Python processes run this
 interpreter and the executors either do too (a local master) or take Spark's home from their
 own machine (a standalone cluster's workers); not for YARN, whose client ships
 ``pyspark.zip`` to the executors. A ``SPARK_HOME`` that is already set is left alone (a real
@@ -27,6 +29,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+
+from epochal.spark.statefiles import build_jar, source_digest
 
 SWITCH_ENV = "EPOCHAL_SPARK_HOME"
 """``asis``: leave ``SPARK_HOME`` to PySpark (its package directory, with the zips)."""
@@ -58,13 +62,17 @@ def fast_spark_home(package: str, root: str | None = None) -> str:
     from pyspark.version import __version__
 
     digest = hashlib.sha1(os.path.realpath(package).encode()).hexdigest()[:10]
-    target = os.path.join(root or _cache_root(), f"{__version__}-{digest}")
+    target = os.path.join(root or _cache_root(), f"{__version__}-{digest}-{source_digest()}")
     if os.path.isdir(target):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     building = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(target))
     try:
-        _link_all(package, building, skip=("python",))
+        _link_all(package, building, skip=("python", "jars"))
+        jars = os.path.join(building, "jars")
+        os.makedirs(jars)
+        _link_all(os.path.join(package, "jars"), jars, skip=())
+        build_jar(os.path.join(package, "jars"), jars)  # state files linked, not copied
         python = os.path.join(package, "python")
         os.makedirs(os.path.join(building, "python"))
         _link_all(python, os.path.join(building, "python"), skip=("lib",))
