@@ -24,6 +24,7 @@ user's or ``EPOCHAL_STATE_LINKS=off``, state files are copied as Spark does by i
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import logging
@@ -47,6 +48,7 @@ HADOOP_API_JARS = "hadoop-client-api-*.jar"
 """What the class compiles against (the Hadoop that Spark's jars directory ships)."""
 
 
+@functools.cache
 def source_digest() -> str:
     """A short hash of the Java source: part of the fast Spark home's name, so a changed
     source gets a new home (and a new class-data archive) instead of a stale jar."""
