@@ -159,3 +159,23 @@ def test_state_files_are_linked_only_where_every_jvm_has_the_jar(
     monkeypatch.delenv(statefiles.SWITCH_ENV)
     monkeypatch.setenv("SPARK_HOME", str(without))  # a Spark home of the user's, or no JDK
     assert statefiles.session_conf("local[2]") == {}
+
+
+def test_a_jar_rebuilt_under_its_name_gets_a_new_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A JVM refuses an archive whose class path jars changed size or time (the fast home's
+    own jar is rebuilt when the home is made again): the archive's name must change too, or
+    ``prepare`` would keep an archive no driver can map."""
+    from epochal.spark import classdata
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    spark_home = tmp_path / "home"
+    (spark_home / "jars").mkdir(parents=True)
+    jar = spark_home / "jars" / "a.jar"
+    jar.write_bytes(b"x")
+    first = classdata.archive_path(str(spark_home))
+    assert first is not None
+    assert classdata.archive_path(str(spark_home)) == first
+    os.utime(jar, ns=(1, 1))
+    assert classdata.archive_path(str(spark_home)) != first

@@ -58,10 +58,22 @@ def archive_path(spark_home: str, java: str | None = None) -> str | None:
     if not identity:
         return None
     jars = os.path.join(spark_home, "jars")
-    listing = "\n".join(sorted(os.listdir(jars))) if os.path.isdir(jars) else ""
+    listing = "\n".join(_jar_identities(jars)) if os.path.isdir(jars) else ""
     key = hashlib.sha1(f"{identity}\n{os.path.realpath(spark_home)}\n{listing}".encode())
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "epochal", "jvm", f"spark-driver-{key.hexdigest()[:16]}.jsa")
+
+
+def _jar_identities(jars: str) -> list[str]:
+    """Each jar's name, size and modification time: what a JVM checks before it maps an
+    archive (a jar rebuilt under the same name, such as the fast Spark home's own, makes the
+    archive unusable, so it must make its name differ too)."""
+    identities = []
+    for name in sorted(os.listdir(jars)):
+        with contextlib.suppress(OSError):
+            stat = os.stat(os.path.join(jars, name))
+            identities.append(f"{name} {stat.st_size} {stat.st_mtime_ns}")
+    return identities
 
 
 def _enabled() -> bool:
