@@ -181,17 +181,25 @@ def test_a_worker_fault_kills_only_that_process(tmp_path: Path) -> None:
     assert "sink.after_decision:worker at batch 1: worker" in done.stderr
 
 
+def _first_fault_fired_by(tmp_path: Path, plan: str, run_token: str) -> Path:
+    """A marker directory in which the first fault of ``plan`` was fired by a process of the
+    run ``run_token`` (as its marker records it)."""
+    markers = tmp_path / "faults"
+    markers.mkdir()
+    first = FaultPlan.parse(plan).faults[0]
+    info = {"pid": 1, "token": run_token, "supervisor": "2", "batch": 0, "at": 0.0}
+    (markers / f"000-{first.label}").write_text(json.dumps(info))
+    return markers
+
+
 def test_a_run_that_a_fault_ended_fires_no_later_fault(tmp_path: Path) -> None:
     """An orphaned driver run (the fault before killed its supervisor) that reaches the next
     point of the sequence before it dies does not take that fault: it is meant for the run
     of the supervisor that takes the job over. (The kit's real-failures case once saw the
     orphan take the pause meant for the next supervisor's driver, 0.15 s after its own
     supervisor was killed.) A process of another run takes it."""
-    markers = tmp_path / "faults"
-    markers.mkdir()
     plan = "job.after_batch:supervisor > sink.before_decision:worker"
-    killed = {"pid": 1, "token": "orphaned-run", "supervisor": "2", "batch": 0, "at": 0.0}
-    (markers / "000-job.after_batch:supervisor").write_text(json.dumps(killed))
+    markers = _first_fault_fired_by(tmp_path, plan, "orphaned-run")
     orphan = reach_in_subprocess(plan, markers, "sink.before_decision", 1, "orphaned-run")
     assert orphan.returncode == 0, orphan.stderr
     assert FaultPlan.parse(plan, str(markers)).fired() == ["job.after_batch:supervisor"]
@@ -206,10 +214,7 @@ def test_a_run_that_a_fault_ended_fires_no_later_fault(tmp_path: Path) -> None:
 def test_a_worker_fault_does_not_end_its_run_for_later_faults(tmp_path: Path) -> None:
     """Several crash points in one run: after a worker kill the run goes on, and takes the
     next fault of the sequence."""
-    markers = tmp_path / "faults"
-    markers.mkdir()
     plan = "sink.after_decision:worker > job.after_batch:worker"
-    fired = {"pid": 1, "token": "one-run", "supervisor": "2", "batch": 0, "at": 0.0}
-    (markers / "000-sink.after_decision:worker").write_text(json.dumps(fired))
+    markers = _first_fault_fired_by(tmp_path, plan, "one-run")
     again = reach_in_subprocess(plan, markers, "job.after_batch", 1, "one-run")
     assert again.returncode == -signal.SIGKILL, again.stderr
