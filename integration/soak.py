@@ -431,10 +431,10 @@ class Soak:
         with contextlib.suppress(Exception):
             from epochal.jobs import JobDirectory
 
-            lease = JobDirectory(self.snapshots, JOB).lease() or {}
+            lease = JobDirectory(self.snapshots, JOB).lease()
             from epochal import processes
 
-            for token in lease.get("tokens") or []:
+            for token in lease.tokens if lease else ():
                 processes.kill_run(str(token))
         for server in (self.kafka, self.postgres):
             if server is not None:

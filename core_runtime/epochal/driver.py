@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal import objectstore, processes
+from epochal import objectstore, processes, restart
 from epochal.context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
@@ -60,7 +60,8 @@ from epochal.failures import (
 )
 from epochal.faults import FaultPlan
 from epochal.fence import RUN_DIR_ENV, Fence, checkpoint_location, state_dir, write_run_record
-from epochal.jobs import LEASE_TTL, PROGRESS_PREFIX, JobDirectory, JobRecord, JobStatus
+from epochal.jobs import PROGRESS_PREFIX, JobDirectory, JobRecord, JobStatus
+from epochal.lease import LEASE_TTL
 from epochal.registry import EXTRA_PLUGINS_ENV
 from epochal.store import Checkpoint, SnapshotStore
 from epochal_sdk import FencedError
@@ -174,17 +175,17 @@ class LeaseWatchdog:
             lease = None
             with contextlib.suppress(Exception):
                 lease = self.jobdir.lease()
-            ttl = float((lease or {}).get("ttl", LEASE_TTL))
+            ttl = lease.ttl if lease else LEASE_TTL
             margin = ttl / 2
             if os.getppid() != self.supervisor_pid:
                 self_destruct("the supervisor died")
             if lease is not None:
-                if int(lease["epoch"]) != self.epoch:
+                if lease.epoch != self.epoch:
                     self_destruct(
                         f"fenced: the job's lease moved from epoch {self.epoch} to "
-                        f"{lease['epoch']} (pid {lease.get('pid')})"
+                        f"{lease.epoch} (pid {lease.pid})"
                     )
-                age = time.time() - float(lease["renewed"])
+                age = lease.age()
                 if age > margin:
                     self_destruct(f"the lease was not renewed for {age:.1f}s (limit {margin}s)")
                 last_ok = time.monotonic()
@@ -749,18 +750,15 @@ class Driver:
         assert self.jobdir is not None
         with self.jobdir.update(self.fence) as current:
             self._end_run(current, summary, ended)
-            if current.restarts_in_a_row >= self.config.max_restarts:
-                current.failure = (
-                    f"{summary}; gave up after {current.restarts_in_a_row} restarts in a row "
-                    "without progress (max_restarts)"
-                )
+            decision = restart.decide(self.config, current.restarts_in_a_row, summary)
+            if not decision.restart:
+                current.failure = decision.give_up
                 return False
-            in_a_row = current.restarts_in_a_row
             current.restarts += 1
             current.restarts_in_a_row += 1
             current.status = JobStatus.RESTARTING
             current.failure = summary
-        backoff = min(self.config.max_restart_backoff, self.config.restart_backoff * 2**in_a_row)
+        backoff = decision.backoff
         sys.stderr.write(
             f"epochal driver: run failed ({summary}); restarting in place in {backoff:.1f}s\n"
         )

@@ -36,21 +36,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal import objectstore
-from epochal.store import LEASE_RECORD, Checkpoint, SnapshotStore, get_record, put_record
+from epochal.layout import EPOCHS, LEASE_RECORD
+from epochal.lease import Lease
+from epochal.store import Checkpoint, SnapshotStore, get_record, put_record
 from epochal_sdk import FencedError
 
-EPOCHS = objectstore.EPOCHS_SEGMENT
-"""The directory under a job that holds the state of its live epoch (and nothing else for
-long: stale ones left by zombies are deleted at the next take-over)."""
+
+def read_lease(job_path: str) -> Lease | None:
+    """The job's lease, or None when the job was never leased."""
+    record = get_record(SnapshotStore(job_path), LEASE_RECORD)
+    return Lease.from_record(record) if record else None
 
 
-def read_lease(job_path: str) -> dict[str, Any] | None:
-    """The job's lease record, or None when the job was never leased."""
-    return get_record(SnapshotStore(job_path), LEASE_RECORD)
-
-
-DRIVERS = "drivers"
-"""Where a job's drivers record what their runs are (under the job's directory)."""
 RUN_DIR_ENV = "EPOCHAL_RUN_DIR"
 """The directory of run records of a driver process (inherited by its JVM and workers)."""
 
@@ -94,7 +91,8 @@ def checkpoint_location(directory: str) -> str:
 class Fence:
     """The fencing check of one run: the job at ``job_path``, leased at ``epoch``.
 
-    An epoch of 0 means the query runs outside ``epochal run`` (no lease): nothing to check.
+    An epoch of 0 means the run holds no lease (a query at less than exactly-once with no
+    snapshot directory): nothing to check.
     """
 
     job_path: str | None
@@ -114,11 +112,11 @@ class Fence:
             lease = read_lease(self.job_path)
         except FileNotFoundError:
             lease = None
-        now = int(lease["epoch"]) if lease else None
+        now = lease.epoch if lease else None
         local = "://" not in self.job_path
         if now != self.epoch or (local and not os.path.isdir(state_dir(self.job_path, self.epoch))):
             raise FencedError(
                 f"{doing}: this run holds lease epoch {self.epoch} but the job's lease is at "
-                f"epoch {now} (owner pid {lease.get('pid') if lease else '?'}): another driver "
+                f"epoch {now} (holder pid {lease.pid if lease else '?'}): another driver "
                 "owns the job now, so this run stops without acting"
             )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -351,9 +350,9 @@ def _refuse_if_running(jobdir: Any, force: bool) -> None:
     except JobError:
         return  # no job record: nothing can be running it from this directory
     lease = jobdir.lease()
-    live = bool(lease) and jobdir.takeover_wait(lease) > 0
+    live = bool(lease and lease.live)
     if not record.status.finished and live and not force:
-        renewed = time.time() - float((lease or {}).get("renewed", 0.0))
+        renewed = lease.age() if lease else 0.0
         raise InDoubtError(
             f"job {jobdir.name!r} is {record.status.value} (its lease was renewed "
             f"{renewed:.0f}s ago): settling now would roll back the transactions its tasks are "

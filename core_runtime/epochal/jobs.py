@@ -6,52 +6,42 @@ it: every driver run takes a new lease epoch (the fencing token), the supervisor
 lease while its driver is healthy, and taking the job over moves the job's state to the new
 epoch (see :mod:`epochal.fence`).
 
-Layout of a job directory::
-
-    <snapshot_dir>/<job>/job.json              the job record (status, runs, progress)
-                        /lease.json            the lease (owner, epoch, renewal time)
-                        /epochs/<epoch>/checkpoint   Spark's checkpoint of the live epoch
-                        /epochs/<epoch>/store        the connectors' part of the snapshots
-                        /drivers/<token>.json  what each driver run is (job, epoch, run)
-                        /logs/, /faults/
+The layout of a job directory is :class:`~epochal.layout.JobLayout`'s.
 
 On an object store (``s3://``) the job record and the lease are swapped with conditional
 writes instead of being written under a lock file: the lease with a compare-and-swap on its
 version (whoever swaps first owns the job; the other re-reads and is refused, or waits), the
 record as a read-modify-write that is retried when another writer changed it meanwhile. The
 state stays at ``<job>/state/{checkpoint,store}`` (nothing is renamed; see
-:mod:`epochal.fence`), and what only concerns one machine, the driver logs and the drivers'
-run records, is kept on local disk (:func:`local_dir`).
+:mod:`epochal.fence`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import os
 import random
-import re
 import shutil
 import socket
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from epochal import processes
 from epochal.config import JobConfig
-from epochal.context import job_dir
-from epochal.fence import (
+from epochal.fence import Fence, read_lease
+from epochal.layout import (
     DRIVERS,
     EPOCHS,
+    FAULTS,
+    JOB_RECORD,
     LEASE_RECORD,
-    Fence,
-    read_lease,
-    state_dir,
-    state_location,
+    SESSIONS,
+    JobLayout,
 )
+from epochal.lease import LEASE_TTL, SUPERVISOR, Lease
 from epochal.objectstore import SHARED_STATE
 from epochal.store import (
     RecordChangedError,
@@ -63,16 +53,10 @@ from epochal.store import (
 )
 from epochal_sdk import EpochalError, SnapshotError
 
-JOB_RECORD = "job.json"
-LEASE_TTL = 20.0
-"""Default lease time-to-live (seconds); a job's ``lease_ttl`` setting overrides it."""
 PROGRESS_PREFIX = "epochal-progress "
 """Lines a driver prints to report a batch (and its heartbeat); the supervisor reads them."""
 KEEP_RUNS = 30
 """How many runs the job record keeps in its history."""
-LOCAL_DIR_ENV = "EPOCHAL_LOCAL_DIR"
-"""Where the driver logs and run records of jobs whose snapshot directory is not on a local
-file system go (default ``$XDG_STATE_HOME/epochal`` or ``~/.local/state/epochal``)."""
 SWAP_ATTEMPTS = 50
 """How often a compare-and-swap of the lease or the job record is tried before giving up."""
 
@@ -171,9 +155,12 @@ class JobDirectory:
     """One job's directory: record, lease, state of the live epoch, logs."""
 
     def __init__(self, snapshot_dir: str, name: str) -> None:
-        _check_name(name)
+        try:
+            self.layout = JobLayout(snapshot_dir, name)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
         self.snapshot_dir, self.name = snapshot_dir, name
-        self.path = job_dir(snapshot_dir, name)
+        self.path = self.layout.path
         self.files = SnapshotStore(self.path)
 
     # -- where things are -------------------------------------------------------------------
@@ -181,9 +168,9 @@ class JobDirectory:
         """The state directory of lease ``epoch`` (default: the live one); on an object
         store the job's one shared state prefix."""
         if epoch is None:
-            lease = self.lease() or {}
-            epoch = int(lease.get("state", lease.get("epoch", 0)))
-        return state_location(state_dir(self.path, epoch))
+            lease = self.lease()
+            epoch = lease.state if lease else 0
+        return self.layout.state_dir(epoch)
 
     @property
     def checkpoint(self) -> str:
@@ -202,10 +189,8 @@ class JobDirectory:
 
     @property
     def logs(self) -> str:
-        """Where driver logs go (on local disk: see :func:`local_dir`)."""
-        if not self.local:
-            return os.path.join(local_dir(self.snapshot_dir, self.name), "logs")
-        return f"{self.path}/logs"
+        """Where driver logs go (on this machine's disk)."""
+        return self.layout.logs
 
     def fence(self, epoch: int) -> Fence:
         """The fencing check of a run at ``epoch``."""
@@ -275,85 +260,99 @@ class JobDirectory:
 
     def delete_snapshots(self) -> None:
         """Delete the checkpoint and the snapshot store (cancel)."""
-        for sub in (EPOCHS, "checkpoint", "store", "faults", DRIVERS):
+        for sub in (EPOCHS, FAULTS, DRIVERS, SESSIONS):
             SnapshotStore(self.path).delete_tree(sub)
         if not self.local:
             SnapshotStore(self.path).delete_tree(SHARED_STATE)
 
     # -- lease ------------------------------------------------------------------------------
-    def lease(self) -> dict[str, Any] | None:
-        """The current lease record."""
+    def lease(self) -> Lease | None:
+        """The current lease (None when the job was never leased)."""
         return read_lease(self.path)
 
     def lease_epoch(self) -> int:
         """The current lease epoch (0 when never leased)."""
-        return int((self.lease() or {}).get("epoch", 0))
-
-    def lease_age(self) -> float | None:
-        """Seconds since the lease was last renewed (None when never leased)."""
         lease = self.lease()
-        return None if lease is None else time.time() - float(lease["renewed"])
+        return lease.epoch if lease else 0
 
-    def acquire_lease(self, owner: str, *, ttl: float = LEASE_TTL, force: bool = False) -> int:
+    def acquire_lease(
+        self,
+        owner: str,
+        *,
+        ttl: float = LEASE_TTL,
+        force: bool = False,
+        holder: str = SUPERVISOR,
+        pid: int | None = None,
+    ) -> int:
         """Take the job's lease for ``owner`` at a new epoch and move the job's state to it.
 
-        Refused while another owner's lease is live (renewed less than its TTL ago), unless
-        that owner is known to be dead (same host, its process and its driver's processes
-        gone) or ``force``. Returns the new epoch.
+        Refused (:class:`LeaseHeldError`) while another owner's lease is live (renewed less
+        than its TTL ago), unless that owner is known to be dead (same host, its process
+        gone) or ``force``. ``holder`` and ``pid`` say who holds it (a supervisor, this
+        process; or a session driver's JVM). Returns the new epoch.
         """
         if self.files.conditional:
-            return self._swap_lease(owner, ttl, force=force)
+            return self._swap_lease(owner, ttl, force=force, holder=holder, pid=pid)
         with self._locked("lease"):
             current = self.lease()
-            if current and current["owner"] != owner and not force:
-                wait = self.takeover_wait(current)
+            if current and current.owner != owner and not force:
+                wait = current.takeover_wait()
                 if wait > 0:
                     raise self._held(current, wait)
-            return self._new_epoch(owner, current, ttl, end_old_owner=True)
+            return self._new_epoch(owner, current, ttl, holder=holder, pid=pid, taking=True)
 
-    def _held(self, current: dict[str, Any], wait: float) -> LeaseHeldError:
-        age = time.time() - float(current["renewed"])
+    def _held(self, current: Lease, wait: float) -> LeaseHeldError:
         return LeaseHeldError(
-            f"job {self.name!r} is run by another supervisor (pid {current['pid']} "
-            f"on {current['host']}, lease epoch {current['epoch']}, renewed "
-            f"{age:.0f}s ago). Wait for it to stop, or suspend it; if that "
-            f"process is gone, the lease expires in {wait:.0f}s (or pass "
+            f"job {self.name!r} is run by {current.describe()}. Wait for it to stop, or "
+            f"suspend it; if that process is gone, the lease expires in {wait:.0f}s (or pass "
             "--force if you know it is dead).",
             wait,
+            current,
         )
 
     def _swap_lease(
-        self, owner: str, ttl: float, *, force: bool = False, holding: int | None = None
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        force: bool = False,
+        holding: int | None = None,
+        holder: str = SUPERVISOR,
+        pid: int | None = None,
     ) -> int:
         """A new epoch on an object store, in one compare-and-swap of the lease: taking the
         job (``holding`` None) or the next epoch of the owner at ``holding``. Of two
-        supervisors that read the same lease, one swaps it; the other reads it again and is
+        holders that read the same lease, one swaps it; the other reads it again and is
         refused (or, with ``force``, takes it from the winner)."""
         for _ in range(SWAP_ATTEMPTS):
-            current, version = get_versioned_record(self.files, LEASE_RECORD)
+            current, version = self._versioned_lease()
             if holding is not None:
                 self._check_holder(current, owner, holding)
-            elif current and current["owner"] != owner and not force:
-                wait = self.takeover_wait(current)
+            elif current and current.owner != owner and not force:
+                wait = current.takeover_wait()
                 if wait > 0:
                     raise self._held(current, wait)
             if holding is None:
                 self._end_dead_owner(current)
-            epoch = int((current or {}).get("epoch", 0)) + 1
-            lease = _lease(owner, epoch, ttl, state=epoch)
+            epoch = (current.epoch if current else 0) + 1
+            lease = Lease.new(owner, epoch, ttl, state=epoch, holder=holder, pid=pid)
             try:
-                put_versioned_record(self.files, LEASE_RECORD, lease, version)
+                put_versioned_record(self.files, LEASE_RECORD, lease.to_record(), version)
                 return epoch
             except RecordChangedError:
                 time.sleep(random.uniform(0.01, 0.05))  # another writer was first: look again
         raise JobError(f"job {self.name!r}: the lease kept changing; not taken")
 
-    def _check_holder(self, current: dict[str, Any] | None, owner: str, epoch: int) -> None:
-        if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+    def _versioned_lease(self) -> tuple[Lease | None, str | None]:
+        data, version = get_versioned_record(self.files, LEASE_RECORD)
+        return (Lease.from_record(data) if data else None), version
+
+    def _check_holder(self, current: Lease | None, owner: str, epoch: int) -> None:
+        if not current or not current.held_by(owner, epoch):
             raise LeaseLostError(
-                f"job {self.name!r}: the lease is no longer this supervisor's "
-                f"(epoch {current['epoch'] if current else '-'}, owner pid "
-                f"{current['pid'] if current else '-'})"
+                f"job {self.name!r}: the lease is no longer this holder's "
+                f"(epoch {current.epoch if current else '-'}, holder pid "
+                f"{current.pid if current else '-'})"
             )
 
     def advance_epoch(self, owner: str, epoch: int, ttl: float = LEASE_TTL) -> int:
@@ -366,64 +365,56 @@ class JobDirectory:
             current = self.lease()
             self._check_holder(current, owner, epoch)
             assert current is not None
-            return self._new_epoch(owner, current, ttl, end_old_owner=False)
+            return self._new_epoch(
+                owner, current, ttl, holder=current.holder, pid=current.pid, taking=False
+            )
 
     def _new_epoch(
-        self, owner: str, current: dict[str, Any] | None, ttl: float, *, end_old_owner: bool
+        self,
+        owner: str,
+        current: Lease | None,
+        ttl: float,
+        *,
+        holder: str,
+        pid: int | None,
+        taking: bool,
     ) -> int:
-        old_epoch = int((current or {}).get("epoch", 0))
-        old_state = int((current or {}).get("state", old_epoch))
+        old_epoch = current.epoch if current else 0
+        old_state = current.state if current else old_epoch
         epoch = old_epoch + 1
-        if end_old_owner:
+        if taking:
             self._end_dead_owner(current)
         # 1. the lease shows the new epoch: from here every fence check of older runs fails
-        put_record(self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=old_state))
+        lease = Lease.new(owner, epoch, ttl, state=old_state, holder=holder, pid=pid)
+        put_record(self.files, LEASE_RECORD, lease.to_record())
         # 2. the state moves to the new epoch: later writes through old paths land nowhere
         self._move_state(old_state, epoch)
-        put_record(self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=epoch))
+        put_record(self.files, LEASE_RECORD, replace(lease, state=epoch).to_record())
         return epoch
 
     def _move_state(self, old: int, new: int) -> None:
         if not self.files.local:
             return  # object stores cannot rename atomically: fenced by the checks alone
-        epochs = os.path.join(self.path, EPOCHS)
+        epochs = self.layout.epochs
         os.makedirs(epochs, exist_ok=True)
-        source, target = os.path.join(epochs, str(old)), os.path.join(epochs, str(new))
+        source, target = self.layout.epoch_dir(old), self.layout.epoch_dir(new)
         if os.path.isdir(source) and not os.path.exists(target):
             os.rename(source, target)
         else:
-            legacy = [s for s in ("checkpoint", "store") if os.path.isdir(f"{self.path}/{s}")]
             os.makedirs(target, exist_ok=True)
-            for sub in legacy:  # a job directory of an earlier version: adopt its state
-                os.rename(f"{self.path}/{sub}", f"{target}/{sub}")
         for name in os.listdir(epochs):  # left by zombies writing through moved paths
             if name != str(new):
                 shutil.rmtree(os.path.join(epochs, name), ignore_errors=True)
 
-    def takeover_wait(self, lease: dict[str, Any] | None) -> float:
+    def takeover_wait(self, lease: Lease | None) -> float:
         """Seconds a new owner must still wait before taking this lease (0: now)."""
-        if not lease:
-            return 0.0
-        ttl = float(lease.get("ttl", LEASE_TTL))
-        remaining = ttl - (time.time() - float(lease["renewed"]))
-        if remaining <= 0 or self.owner_dead(lease):
-            return 0.0
-        return remaining
+        return lease.takeover_wait() if lease else 0.0
 
-    @staticmethod
-    def owner_dead(lease: dict[str, Any]) -> bool:
-        """Whether the lease's supervisor is known to be gone: it ran on this host and its
-        process is not alive (what is left of its drivers is ended before the take-over).
-        From another host nothing is known: the lease must expire."""
-        if lease.get("host") != socket.gethostname():
-            return False
-        return not processes.alive(int(lease.get("pid", 0)))
-
-    def _end_dead_owner(self, lease: dict[str, Any] | None) -> None:
+    def _end_dead_owner(self, lease: Lease | None) -> None:
         """Before a new epoch on this host: end what is left of the old owner's drivers (an
         orphaned driver, PySpark daemons), so no process of a dead run outlives it."""
-        if lease and lease.get("host") == socket.gethostname():
-            for token in lease.get("tokens") or []:
+        if lease and lease.host == socket.gethostname():
+            for token in lease.tokens:
                 with contextlib.suppress(TimeoutError):
                     processes.kill_run(str(token))
 
@@ -436,12 +427,9 @@ class JobDirectory:
             return self._swap_renewal(owner, epoch, ttl, tokens)
         with self._locked("lease"):
             current = self.lease()
-            if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+            if not current or not current.held_by(owner, epoch):
                 return False
-            state = int(current.get("state", epoch))
-            put_record(
-                self.files, LEASE_RECORD, _lease(owner, epoch, ttl, state=state, tokens=tokens)
-            )
+            put_record(self.files, LEASE_RECORD, current.renewed_now(ttl, tokens).to_record())
             return True
 
     def _swap_renewal(self, owner: str, epoch: int, ttl: float, tokens: list[str] | None) -> bool:
@@ -450,13 +438,12 @@ class JobDirectory:
         if the lease goes unrenewed for half its TTL)."""
         try:
             for _ in range(SWAP_ATTEMPTS):
-                current, version = get_versioned_record(self.files, LEASE_RECORD)
-                if not current or current["owner"] != owner or int(current["epoch"]) != epoch:
+                current, version = self._versioned_lease()
+                if not current or not current.held_by(owner, epoch):
                     return False
-                state = int(current.get("state", epoch))
-                lease = _lease(owner, epoch, ttl, state=state, tokens=tokens)
+                renewed = current.renewed_now(ttl, tokens)
                 try:
-                    put_versioned_record(self.files, LEASE_RECORD, lease, version)
+                    put_versioned_record(self.files, LEASE_RECORD, renewed.to_record(), version)
                     return True
                 except RecordChangedError:
                     continue  # changed meanwhile: ours still (look again) or taken over
@@ -472,10 +459,10 @@ class JobDirectory:
         """Give the lease up (keeping its epoch, so fencing tokens keep growing)."""
         if self.files.conditional:
             for _ in range(SWAP_ATTEMPTS):
-                current, version = get_versioned_record(self.files, LEASE_RECORD)
-                if not current or current["owner"] != owner:
+                current, version = self._versioned_lease()
+                if not current or current.owner != owner:
                     return
-                released = {**current, "renewed": 0.0, "tokens": [], "released": time.time()}
+                released = current.released_now().to_record()
                 try:
                     put_versioned_record(self.files, LEASE_RECORD, released, version)
                     return
@@ -484,19 +471,15 @@ class JobDirectory:
             return
         with self._locked("lease"):
             current = self.lease()
-            if current and current["owner"] == owner:
-                current["renewed"] = 0.0
-                current["tokens"] = []
-                put_record(self.files, LEASE_RECORD, current)
+            if current and current.owner == owner:
+                put_record(self.files, LEASE_RECORD, current.released_now().to_record())
 
     # -- driver runs ------------------------------------------------------------------------
     @property
     def run_dir(self) -> str:
         """Where the job's own drivers keep their run records (read on the driver's machine
-        only: on local disk when the snapshot directory is not, see :func:`local_dir`)."""
-        if not self.local:
-            return os.path.join(local_dir(self.snapshot_dir, self.name), DRIVERS)
-        return f"{self.path}/{DRIVERS}"
+        only: on local disk when the snapshot directory is not)."""
+        return self.layout.drivers
 
     @contextlib.contextmanager
     def _locked(self, what: str) -> Iterator[None]:
@@ -529,48 +512,16 @@ class JobDirectory:
 
 
 class LeaseHeldError(JobError):
-    """Another live owner holds the job's lease."""
+    """Another live holder has the job's lease."""
 
-    def __init__(self, message: str, wait: float) -> None:
+    def __init__(self, message: str, wait: float, lease: Lease | None = None) -> None:
         super().__init__(message)
         self.wait = wait
+        self.lease = lease
 
 
 class LeaseLostError(JobError):
-    """This supervisor's lease was taken over by another one."""
-
-
-def _lease(
-    owner: str, epoch: int, ttl: float, *, state: int, tokens: list[str] | None = None
-) -> dict[str, Any]:
-    return {
-        "owner": owner,
-        "epoch": epoch,
-        "state": state,
-        "ttl": ttl,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "renewed": time.time(),
-        "tokens": list(tokens or []),
-    }
-
-
-def new_owner() -> str:
-    """A fresh lease owner id for a supervisor."""
-    return uuid.uuid4().hex
-
-
-def local_dir(snapshot_dir: str, name: str) -> str:
-    """This machine's directory for job ``name`` of a snapshot directory that is not on a
-    local file system (an object store): driver logs and the drivers' run records.
-    ``$EPOCHAL_LOCAL_DIR``, else ``$XDG_STATE_HOME/epochal``, else ``~/.local/state/epochal``;
-    under it one directory per snapshot directory (a readable name and a digest)."""
-    base = os.environ.get(LOCAL_DIR_ENV) or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "epochal"
-    )
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", snapshot_dir).strip("-")[:60]
-    digest = hashlib.sha256(snapshot_dir.encode()).hexdigest()[:8]
-    return os.path.join(base, f"{slug}-{digest}", name)
+    """This holder's lease was taken over by another one."""
 
 
 def list_jobs(snapshot_dir: str) -> list[JobRecord]:
@@ -583,11 +534,3 @@ def list_jobs(snapshot_dir: str) -> list[JobRecord]:
         except (JobError, ValueError, SnapshotError):
             continue
     return sorted(records, key=lambda r: r.created)
-
-
-def _check_name(name: str) -> None:
-    if not name or not all(c.isalnum() or c in "-_" for c in name):
-        raise JobError(
-            f"job name {name!r} is not allowed: use letters, digits, '-' and '_' "
-            "(it names a directory and prefixes transaction ids)"
-        )

@@ -85,12 +85,12 @@ CONNECTOR_PREFIX = "connector."
 # -- where -----------------------------------------------------------------------------------
 def metrics_dir(job_dir: str | None) -> str | None:
     """This machine's metrics directory of a job: ``<job>/metrics`` when the job's directory
-    is local, else the job's local directory (see :func:`epochal.jobs.local_dir`)."""
+    is local, else the job's local directory (see :func:`epochal.layout.local_dir`)."""
     if not job_dir:
         return None
     if "://" not in job_dir:
         return f"{job_dir}/metrics"
-    from epochal.jobs import local_dir
+    from epochal.layout import local_dir
 
     snapshot_dir, _, name = job_dir.rstrip("/").rpartition("/")
     return os.path.join(local_dir(snapshot_dir, name), "metrics")

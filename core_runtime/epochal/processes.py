@@ -125,6 +125,34 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field
+    22): with the pid, it names one process for good (a pid is reused, the pair is not).
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def java_ancestor(pid: int | None = None) -> int | None:
+    """The nearest ancestor of ``pid`` (default: this process) that is a Java virtual
+    machine: for a Python worker of Spark's (a data source planner, a source runner, a
+    commit runner) the driver's JVM. None when there is none."""
+    current = os.getpid() if pid is None else pid
+    for _ in range(32):
+        stat = _stat(current)
+        if stat is None or stat[1] <= 1:
+            return None
+        current = stat[1]
+        argv = command_line(current).split(b"\0")
+        if argv and os.path.basename(argv[0]) == b"java":
+            return current
+    return None
+
+
 def _parents() -> dict[int, int]:
     """Every live process (not a zombie) and its parent's pid, read from ``/proc``."""
     if not os.path.isdir("/proc"):

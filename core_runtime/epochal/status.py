@@ -21,7 +21,7 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
     record = record or jobdir.load()
     lease = jobdir.lease()
     now = time.time()
-    live = bool(lease) and jobdir.takeover_wait(lease) > 0
+    live = bool(lease and lease.live)
     status = record.status.value
     if record.status.live and not live:
         status = ORPHANED
@@ -45,14 +45,13 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
     }
     if lease:
         out["lease"] = {
-            "epoch": lease.get("epoch"),
-            "owner": lease.get("owner"),
-            "pid": lease.get("pid"),
-            "host": lease.get("host"),
-            "ttl_s": lease.get("ttl"),
-            "renewed_ago_s": round(now - float(lease.get("renewed", 0.0)), 1)
-            if lease.get("renewed")
-            else None,
+            "epoch": lease.epoch,
+            "owner": lease.owner,
+            "holder": lease.holder,
+            "pid": lease.pid,
+            "host": lease.host,
+            "ttl_s": lease.ttl,
+            "renewed_ago_s": round(lease.age(now), 1) if lease.renewed else None,
             "live": live,
         }
     if status == ORPHANED:

@@ -37,14 +37,14 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from epochal import objectstore
+from epochal.layout import LEASE_RECORD
+from epochal.lease import Lease
 from epochal_sdk import FencedError, SnapshotError
 
 MAGIC = b"EPS1 "
 """The first bytes of every entry file (format version 1)."""
 
 _TMP = ".tmp-"
-LEASE_RECORD = "lease.json"
-"""The job's lease, in the job's directory (see :mod:`epochal.fence`)."""
 
 
 class EntryExistsError(FileExistsError):
@@ -146,10 +146,10 @@ class SnapshotStore:
         if self._lease_key is None or self.objects is None:
             return
         try:
-            lease = _decode_record(self.objects.get(self._lease_key).data, LEASE_RECORD, self.root)
+            record = _decode_record(self.objects.get(self._lease_key).data, LEASE_RECORD, self.root)
         except FileNotFoundError:
-            lease = None
-        state = int(lease.get("state", lease.get("epoch", 0))) if lease else None
+            record = None
+        state = Lease.from_record(record).state if record else None
         if state != self._anchor_epoch:
             raise StateMovedError(
                 f"the state of lease epoch {self._anchor_epoch} ({self.anchor}) is no longer "

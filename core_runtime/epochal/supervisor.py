@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from epochal import processes
+from epochal import processes, restart
 from epochal.config import JobConfig
 from epochal.driver import SessionProfile
 from epochal.drivers import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
@@ -39,8 +39,8 @@ from epochal.jobs import (
     JobStatus,
     LeaseHeldError,
     LeaseLostError,
-    new_owner,
 )
+from epochal.lease import new_owner
 from epochal.verify import verify_job
 from epochal_sdk import FencedError
 
@@ -275,19 +275,15 @@ class Supervisor:
             )
             if not restartable:
                 return self._finish(JobStatus.FAILED, why)
-            if not config.auto_restart:
-                return self._finish(JobStatus.FAILED, f"{why} (automatic restart is off)")
-            if record.restarts_in_a_row >= config.max_restarts:
-                return self._finish(
-                    JobStatus.FAILED,
-                    f"{why}; gave up after {record.restarts_in_a_row} restarts in a row without "
-                    "progress (max_restarts)",
-                )
-            backoff = min(
-                config.max_restart_backoff, config.restart_backoff * 2**record.restarts_in_a_row
+            decision = restart.decide(
+                config,
+                record.restarts_in_a_row,
+                why,
+                warm_driver=self.standby is not None and self.standby.ready.is_set(),
             )
-            if self.standby is not None and self.standby.ready.is_set():
-                backoff = min(backoff, config.restart_backoff)  # a warm driver is waiting
+            if not decision.restart:
+                return self._finish(JobStatus.FAILED, decision.give_up)
+            backoff = decision.backoff
             with self.jobdir.update(self._fence()) as current:
                 current.restarts += 1
                 current.restarts_in_a_row += 1
@@ -487,7 +483,7 @@ def request(jobdir: JobDirectory, what: str) -> JobRecord:
 def lease_live(jobdir: JobDirectory) -> bool:
     """Whether a supervisor holds the job's lease now (renewed within its TTL, alive)."""
     lease = jobdir.lease()
-    return bool(lease) and jobdir.takeover_wait(lease) > 0
+    return bool(lease and lease.live)
 
 
 def orphaned(jobdir: JobDirectory, record: JobRecord) -> bool:

@@ -227,8 +227,8 @@ class Bench:
         else:
             if kind == "cold":
                 standby = (record.supervisor or {}).get("standby_pid")
-                lease = self.job.jobdir.lease() or {}
-                for other in lease.get("tokens") or []:
+                lease = self.job.jobdir.lease()
+                for other in lease.tokens if lease else ():
                     if other != token:
                         processes.signal_run(str(other), signal.SIGKILL)
                 if standby:

@@ -26,7 +26,8 @@ from epochal_jdbc.testing import JdbcSinkUnderTest
 from epochal_kafka.testing import KafkaSourceUnderTest
 
 from epochal import Job, JobConfig, JobRecord
-from epochal.jobs import LOCAL_DIR_ENV, JobDirectory
+from epochal.jobs import JobDirectory
+from epochal.layout import LOCAL_DIR_ENV
 from epochal.testing.kit import TEST_SPARK_CONF
 from epochal_sdk import Guarantee
 from integration.cluster.pipelines import SPEC_ENV, read_markers

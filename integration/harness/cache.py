@@ -308,3 +308,77 @@ def hadoop_aws_jars(version: str | None = None) -> list[Path]:
             raise PrerequisiteError(f"hadoop-aws {version}: not in the resolved class path {paths}")
         marker.write_text(version + "\n")
     return paths
+
+
+# --- Hadoop YARN: a ResourceManager and NodeManagers (integration.harness.yarn) -----------
+
+#: The YARN daemons, hadoop-common and hadoop-hdfs-client, with their runtime dependencies
+#: (Hadoop 3.5.0 logs through slf4j-reload4j, which hadoop-common brings along).
+_HADOOP_YARN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>epochal.integration</groupId>
+  <artifactId>hadoop-yarn-classpath</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>{dependencies}
+  </dependencies>
+</project>
+"""
+_HADOOP_YARN_ARTIFACTS = (
+    "hadoop-yarn-server-resourcemanager",
+    "hadoop-yarn-server-nodemanager",
+    "hadoop-common",
+    "hadoop-hdfs-client",
+    # the RM's web app binds classes of the timeline service (v2) even when it is off
+    "hadoop-yarn-server-timelineservice",
+)
+
+
+def hadoop_yarn_version() -> str:
+    """The Hadoop version of the YARN daemons (``$EPOCHAL_HADOOP_YARN_VERSION`` or pyspark's).
+
+    Spark's YARN client (``hadoop-client-api``/``-runtime`` in pyspark's ``jars/``) talks to
+    daemons of the same Hadoop release.
+    """
+    return os.environ.get("EPOCHAL_HADOOP_YARN_VERSION") or pyspark_hadoop_version()
+
+
+def hadoop_yarn_jars(version: str | None = None) -> Path:
+    """Directory holding the YARN daemons' jars (fetched with Maven on first use)."""
+    version = version or hadoop_yarn_version()
+    entry = cache_dir() / f"hadoop-yarn-{version}"
+    libs = entry / "libs"
+    marker = entry / ".complete"
+
+    def complete() -> bool:
+        jars = (libs / f"{name}-{version}.jar" for name in _HADOOP_YARN_ARTIFACTS)
+        return marker.exists() and all(jar.is_file() for jar in jars)
+
+    if complete():
+        return libs
+    require_java()
+    with _locked(entry):
+        if complete():
+            return libs
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(parents=True)
+        dependencies = "".join(
+            "\n    <dependency><groupId>org.apache.hadoop</groupId>"
+            f"<artifactId>{name}</artifactId><version>{version}</version></dependency>"
+            for name in _HADOOP_YARN_ARTIFACTS
+        )
+        (entry / "pom.xml").write_text(_HADOOP_YARN_POM.format(dependencies=dependencies))
+        _mvn(
+            [
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                f"-DoutputDirectory={libs}",
+                "-DincludeScope=runtime",
+            ],
+            f"fetching Hadoop YARN {version} jars",
+            entry,
+        )
+        marker.write_text(version + "\n")
+        if not complete():
+            marker.unlink()
+            raise PrerequisiteError(f"Hadoop YARN {version}: not every jar was fetched into {libs}")
+    return libs

@@ -153,6 +153,21 @@ def test_a_continuous_query_that_stops_on_its_own_is_restarted(
     assert job.join(120).status == JobStatus.CANCELLED
 
 
+def test_auto_restart_off_holds_for_a_failure_the_driver_would_restart_in_place(
+    tmp_path: Path, map_path: str
+) -> None:
+    """``auto_restart=False``: a failure that leaves the driver healthy (here a query that
+    stops on its own, which is restarted in place when restarts are on) ends the job as
+    FAILED after its one run; nothing restarts it, neither the driver nor the supervisor."""
+    config = _config(tmp_path, available_now=False, snapshot_interval=0.5, auto_restart=False)
+    job = Job.submit("no-restart", "pipelines:stops_itself_once", config, report=lambda _: None)
+    record = job.join(300)
+    assert record.status == JobStatus.FAILED, record
+    assert "automatic restart is off" in str(record.failure), record.failure
+    assert "QueryStoppedOnItsOwn" in str(record.failure), record.failure
+    assert record.restarts == 0 and len(record.runs) == 1, record.runs
+
+
 def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place(
     tmp_path: Path, map_path: str
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,7 +11,8 @@ import sys
 from pathlib import Path
 
 from epochal import JobConfig
-from epochal.jobs import JobDirectory, JobRecord, JobStatus, new_owner
+from epochal.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.lease import new_owner
 from epochal.store import put_record
 
 
@@ -194,9 +196,8 @@ def test_a_job_whose_supervisor_died_shows_as_orphaned(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     jobdir.acquire_lease(new_owner())
-    lease = jobdir.lease()
-    lease["pid"] = dead.pid  # the supervisor that took it is gone
-    put_record(jobdir.files, "lease.json", lease)
+    lease = dataclasses.replace(jobdir.lease(), pid=dead.pid)  # its supervisor is gone
+    put_record(jobdir.files, "lease.json", lease.to_record())
     status = json.loads(
         _epochal("jobs", "status", "orders", "--snapshot-dir", snapshots, "--json").stdout
     )

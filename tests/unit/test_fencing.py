@@ -5,6 +5,7 @@ their own process groups included), and the failure table."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,7 +18,8 @@ import pytest
 
 from epochal.config import JobConfig
 from epochal.failures import FENCED, KINDS, Failure, classify, identify
-from epochal.jobs import JobDirectory, JobRecord, new_owner
+from epochal.jobs import JobDirectory, JobRecord
+from epochal.lease import new_owner
 from epochal.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
 from epochal.store import put_record
 
@@ -223,6 +225,7 @@ def _alive(pid: int) -> bool:
 def test_the_lease_ttl_is_part_of_the_lease(leased: tuple[JobDirectory, str]) -> None:
     jobdir, _ = leased
     lease = jobdir.lease()
-    assert lease["ttl"] == 4.0
-    put_record(jobdir.files, "lease.json", {**lease, "renewed": time.time() - 5})
+    assert lease.ttl == 4.0
+    expired = dataclasses.replace(lease, renewed=time.time() - 5)
+    put_record(jobdir.files, "lease.json", expired.to_record())
     assert jobdir.takeover_wait(jobdir.lease()) == 0

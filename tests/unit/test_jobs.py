@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import signal
@@ -24,8 +25,8 @@ from epochal.jobs import (
     LeaseHeldError,
     LeaseLostError,
     list_jobs,
-    new_owner,
 )
+from epochal.lease import new_owner
 from epochal.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.store import StateMovedError, get_record, put_record
 from epochal.supervisor import request
@@ -158,10 +159,10 @@ def test_acquire_increments_the_epoch(snapshots: str) -> None:
     assert jobdir.lease_epoch() == 1
     assert jobdir.acquire_lease(owner) == 2  # the same owner may take it again
     lease = jobdir.lease()
-    assert lease["owner"] == owner
-    assert lease["pid"] == os.getpid()
-    assert lease["host"] == socket.gethostname()
-    assert time.time() - lease["renewed"] < 60
+    assert lease.owner == owner
+    assert lease.pid == os.getpid()
+    assert lease.host == socket.gethostname()
+    assert lease.age() < 60
 
 
 def test_a_second_owner_is_refused_while_the_lease_is_fresh(snapshots: str) -> None:
@@ -175,7 +176,7 @@ def test_a_second_owner_is_refused_while_the_lease_is_fresh(snapshots: str) -> N
     assert f"pid {os.getpid()} on {socket.gethostname()}" in message
     assert "lease epoch 1" in message
     assert "--force" in message
-    assert jobdir.lease()["owner"] == first
+    assert jobdir.lease().owner == first
     assert jobdir.lease_epoch() == 1
 
 
@@ -189,16 +190,15 @@ def test_force_takes_the_lease_and_fences_the_old_owner(snapshots: str) -> None:
     assert jobdir.renew_lease(first, epoch) is False
     assert jobdir.renew_lease(second, taken) is True
     assert jobdir.renew_lease(second, epoch) is False  # a stale epoch of the same owner
-    assert jobdir.lease()["owner"] == second
+    assert jobdir.lease().owner == second
 
 
 def test_an_expired_lease_can_be_taken(snapshots: str) -> None:
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
     jobdir.acquire_lease(first)
-    lease = jobdir.lease()
-    lease["renewed"] = time.time() - JOBS.LEASE_TTL - 1
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    lease = dataclasses.replace(jobdir.lease(), renewed=time.time() - JOBS.LEASE_TTL - 1)
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
     assert jobdir.acquire_lease(second) == 2
     assert jobdir.renew_lease(first, 1) is False
 
@@ -206,10 +206,9 @@ def test_an_expired_lease_can_be_taken(snapshots: str) -> None:
 def test_the_lease_carries_its_own_ttl(snapshots: str) -> None:
     jobdir = saved(snapshots)
     jobdir.acquire_lease(new_owner(), ttl=2.0)
-    assert jobdir.lease()["ttl"] == 2.0
-    lease = jobdir.lease()
-    lease["renewed"] = time.time() - 2.5
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    assert jobdir.lease().ttl == 2.0
+    lease = dataclasses.replace(jobdir.lease(), renewed=time.time() - 2.5)
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
     assert jobdir.acquire_lease(new_owner()) == 2
 
 
@@ -257,9 +256,8 @@ def test_a_dead_owner_on_this_host_is_taken_over_at_once(snapshots: str) -> None
     )
     try:
         jobdir.acquire_lease(new_owner())
-        lease = jobdir.lease()
-        lease.update(pid=dead.pid, tokens=[token])
-        put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+        lease = dataclasses.replace(jobdir.lease(), pid=dead.pid, tokens=(token,))
+        put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
         assert jobdir.takeover_wait(lease) == 0
         assert jobdir.acquire_lease(new_owner()) == 2  # no wait, no --force
         assert orphan.wait(10) == -signal.SIGKILL
@@ -271,9 +269,8 @@ def test_a_dead_owner_on_this_host_is_taken_over_at_once(snapshots: str) -> None
 def test_a_live_owner_elsewhere_must_expire(snapshots: str) -> None:
     jobdir = saved(snapshots)
     jobdir.acquire_lease(new_owner())
-    lease = jobdir.lease()
-    lease.update(host="another-machine", pid=1)
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease)
+    lease = dataclasses.replace(jobdir.lease(), host="another-machine", pid=1)
+    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
     with pytest.raises(LeaseHeldError) as info:
         jobdir.acquire_lease(new_owner())
     assert 0 < info.value.wait <= JOBS.LEASE_TTL
@@ -286,7 +283,7 @@ def test_advance_epoch_keeps_the_owner_and_fences_its_previous_driver(snapshots:
     jobdir.store.write_json("k", {"v": 1})
     assert jobdir.advance_epoch(owner, epoch) == epoch + 1
     assert jobdir.store.read_json("k") == {"v": 1}
-    assert jobdir.lease()["owner"] == owner
+    assert jobdir.lease().owner == owner
     with pytest.raises(LeaseLostError):
         jobdir.advance_epoch(owner, epoch)  # a stale epoch
     with pytest.raises(LeaseLostError):
@@ -298,9 +295,9 @@ def test_release_keeps_the_epoch_and_frees_the_lease(snapshots: str) -> None:
     first, second = new_owner(), new_owner()
     jobdir.acquire_lease(first)
     jobdir.release_lease(second)  # not the owner: nothing happens
-    assert jobdir.lease()["renewed"] > 0
+    assert jobdir.lease().renewed > 0
     jobdir.release_lease(first)
-    assert jobdir.lease()["renewed"] == 0.0
+    assert jobdir.lease().renewed == 0.0
     assert jobdir.lease_epoch() == 1
     assert jobdir.acquire_lease(second) == 2
 

@@ -10,6 +10,7 @@ compare-and-swap is replaced by a plain write.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -21,10 +22,11 @@ from typing import Any
 
 import pytest
 
-from epochal import jobs, objectstore
+from epochal import jobs, layout, objectstore
 from epochal.config import JobConfig
 from epochal.fence import LEASE_RECORD, Fence, checkpoint_location, state_dir, state_location
 from epochal.jobs import JobDirectory, JobError, JobRecord, LeaseHeldError, LeaseLostError
+from epochal.lease import new_owner
 from epochal.store import (
     Checkpoint,
     EntryExistsError,
@@ -101,7 +103,7 @@ def test_without_boto3_the_error_says_what_to_install(monkeypatch: pytest.Monkey
 def test_a_job_on_an_object_store_keeps_logs_and_run_records_on_local_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(jobs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setenv(layout.LOCAL_DIR_ENV, str(tmp_path / "local"))
     remote = JobDirectory("s3://bucket/snapshots", "job-1")
     assert remote.logs.startswith(str(tmp_path / "local"))
     assert remote.run_dir.startswith(str(tmp_path / "local"))
@@ -140,7 +142,7 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     """The process environment a supervisor or a driver would have: AWS_* for the server."""
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv(jobs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setenv(layout.LOCAL_DIR_ENV, str(tmp_path / "local"))
 
 
 @pytest.fixture
@@ -267,9 +269,9 @@ def test_a_fresh_lease_refuses_a_second_supervisor_then_expires(root: str) -> No
     """Two supervisors on two machines: the second is refused while the first renews, and
     takes the job over (a new epoch) once the lease expired; the first is then fenced."""
     first, second = _submit(root), JobDirectory(root, "job")
-    a, b = jobs.new_owner(), jobs.new_owner()
+    a, b = new_owner(), new_owner()
     assert first.acquire_lease(a, ttl=60.0) == 1  # live for as long as this test can stall
-    assert first.renew_lease(a, 1, ttl=60.0, tokens=[jobs.new_owner()])
+    assert first.renew_lease(a, 1, ttl=60.0, tokens=[new_owner()])
     with pytest.raises(LeaseHeldError) as held:
         second.acquire_lease(b, ttl=2.0)
     assert 0 < held.value.wait <= 60.0
@@ -288,9 +290,9 @@ def test_a_fresh_lease_refuses_a_second_supervisor_then_expires(root: str) -> No
     with pytest.raises(LeaseLostError):
         first.advance_epoch(a, 2, ttl=2.0)
     first.release_lease(a)  # not the owner: nothing happens
-    assert second.lease()["owner"] == b
+    assert second.lease().owner == b
     second.release_lease(b)
-    assert second.lease()["renewed"] == 0.0 and second.lease_epoch() == 3
+    assert second.lease().renewed == 0.0 and second.lease_epoch() == 3
     assert JobDirectory(root, "job").acquire_lease(a, ttl=2.0) == 4  # released: at once
 
 
@@ -299,7 +301,7 @@ def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
     """Supervisors that all read the same lease (none, then an expired one) and try to take
     the job: exactly one gets the new epoch, every other one is refused."""
     _submit(root)
-    owners = [jobs.new_owner() for _ in range(CONTENDERS)]
+    owners = [new_owner() for _ in range(CONTENDERS)]
 
     def take(index: int) -> int:  # a TTL no stall of this machine outlasts: no loser may
         return JobDirectory(root, "job").acquire_lease(owners[index], ttl=600.0)  # see expiry
@@ -310,15 +312,15 @@ def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
     assert outcomes[winners[0]] == 1
     assert all(isinstance(o, LeaseHeldError) for i, o in enumerate(outcomes) if i != winners[0])
     lease = JobDirectory(root, "job").lease()
-    assert lease is not None and lease["owner"] == owners[winners[0]] and lease["epoch"] == 1
+    assert lease is not None and lease.owner == owners[winners[0]] and lease.epoch == 1
 
-    lease["renewed"] = time.time() - 3600  # the winner died long ago: its lease expired
-    put_record(SnapshotStore(f"{root}/job"), LEASE_RECORD, lease)
+    expired = dataclasses.replace(lease, renewed=time.time() - 3600)  # the winner died long ago
+    put_record(SnapshotStore(f"{root}/job"), LEASE_RECORD, expired.to_record())
     outcomes = _race(CONTENDERS, jobs.get_versioned_record, take)
     winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
     assert len(winners) == 1, outcomes
     assert outcomes[winners[0]] == 2
-    assert JobDirectory(root, "job").lease()["owner"] == owners[winners[0]]
+    assert JobDirectory(root, "job").lease().owner == owners[winners[0]]
 
 
 @pytest.mark.integration
@@ -359,7 +361,7 @@ def test_a_fenced_run_cannot_write_the_shared_state(root: str) -> None:
     and refuses to write or delete once the lease moved on, while the new owner sees
     everything the old one wrote before."""
     jobdir = _submit(root)
-    owner = jobs.new_owner()
+    owner = new_owner()
     epoch = jobdir.acquire_lease(owner, ttl=20.0)
     old_state = state_dir(jobdir.path, epoch)
     old = SnapshotStore(f"{old_state}/store", anchor=old_state)
@@ -367,7 +369,7 @@ def test_a_fenced_run_cannot_write_the_shared_state(root: str) -> None:
     assert jobdir.store.read("sinks/s/decisions/000000000001") == b"decided before the take-over"
     assert Fence(jobdir.path, epoch).check("deciding") is None
 
-    new_epoch = JobDirectory(root, "job").acquire_lease(jobs.new_owner(), force=True)
+    new_epoch = JobDirectory(root, "job").acquire_lease(new_owner(), force=True)
     assert new_epoch == epoch + 1
     with pytest.raises(StateMovedError):
         old.write("sinks/s/decisions/000000000002", b"zombie")
@@ -390,7 +392,7 @@ def test_checkpoint_and_verification_on_s3(root: str, s3_bucket: S3Bucket) -> No
     """Spark's checkpoint files are read from S3 (through an epoch's name too), and
     verification catches a changed commit log entry."""
     jobdir = _submit(root)
-    epoch = jobdir.acquire_lease(jobs.new_owner())
+    epoch = jobdir.acquire_lease(new_owner())
     client = s3_bucket.client()
     entries = {"offsets/0": b"v1\n{}\n{}", "offsets/1": b"v1\n{}\n{}", "commits/0": b"v1\n{}"}
     for name, body in entries.items():

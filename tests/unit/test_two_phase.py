@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from epochal.config import JobConfig
 from epochal.context import JobContext
 from epochal.fence import LEASE_RECORD
-from epochal.jobs import JobDirectory, JobRecord, new_owner
+from epochal.jobs import JobDirectory, JobRecord
+from epochal.lease import new_owner
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
 from epochal.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
@@ -276,7 +278,8 @@ def test_fenced_driver_decides_nothing(path: Path, leased: JobDirectory, sink: M
     prepared = [prepare(sink, 11, 0, {"z": "1"})]
     zombie = run_protocol(leased, sink, epoch=1, run=1)
     lease = leased.lease()
-    put_record(leased.files, LEASE_RECORD, {**lease, "epoch": 2, "owner": new_owner()})
+    taken = dataclasses.replace(lease, epoch=2, owner=new_owner())
+    put_record(leased.files, LEASE_RECORD, taken.to_record())
     with pytest.raises(FencedError) as info:
         zombie.commit_batch(11, prepared)
     assert "holds lease epoch 1" in str(info.value)
@@ -284,7 +287,7 @@ def test_fenced_driver_decides_nothing(path: Path, leased: JobDirectory, sink: M
     assert not zombie.is_decided(11)
     assert state(path, prepared[0].transaction_id) == "prepared"
     assert entries(path) == {}
-    put_record(leased.files, LEASE_RECORD, lease)
+    put_record(leased.files, LEASE_RECORD, lease.to_record())
     leased.acquire_lease(new_owner(), force=True)  # the take-over completes: epoch 2
     # the owner of the current epoch recovers: the zombie's undecided transaction goes
     owner = run_protocol(leased, sink, epoch=2, run=2)

@@ -625,7 +625,7 @@ class RealFailures:
         assert lease is not None
         # B is stopped: its last renewal is in the lease (or one made in the instant between
         # the pause's marker and B's SIGSTOP, which only makes C wait longer)
-        zombie_epoch, last_renewal = int(lease["epoch"]), float(lease["renewed"])
+        zombie_epoch, last_renewal = lease.epoch, lease.renewed
         paused_at = float(zombie["at"])
         third = self._supervise("c")
         _wait_for(
@@ -698,7 +698,7 @@ class RealFailures:
         """Nothing written through the zombie's (moved) state directory, and no commit
         decision of the zombie's epoch for the batch it was paused in or a later one."""
         epochs = sorted(os.listdir(f"{self.jobdir.path}/epochs"))
-        assert epochs == [str(self.jobdir.lease()["state"])], (
+        assert epochs == [str(self.jobdir.lease().state)], (
             f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
         )
         paused_batch = zombie.get("batch")
