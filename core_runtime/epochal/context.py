@@ -7,21 +7,27 @@ environment, which its JVM and every Python worker inherit; the run's record
 which run. A data source reads it when it is created, so a driver that restarts its query in
 place, or a warm driver (a standby, a driver of a pool) that learns its job only when it is
 promoted, hands the right values to its data sources without a new JVM. The data source
-captures the context on the driver and carries it, pickled, to the executors. A query
-started without ``epochal run`` gives the same through options (``epochal.job``,
-``epochal.snapshotDir``, ``epochal.guarantee``) or the environment.
+captures the context on the driver and carries it, pickled, to the executors.
+
+A query started without ``epochal run`` gives the job through options (``epochal.job``,
+``epochal.snapshotDir``, ``epochal.guarantee``) or the environment, and its driver holds the
+job's lease itself (:mod:`epochal.session_lease`): the same fence, run numbers from the
+job's record. Exactly-once without a snapshot directory is refused: there is no lease to
+hold, so nothing would stop a second driver of the same job.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from epochal import session_lease
 from epochal.faults import FaultPlan
 from epochal.fence import RUN_DIR_ENV, Fence, read_run_record, state_dir
+from epochal.layout import JobLayout
 from epochal.processes import RUN_TOKEN_ENV
+from epochal.session_lease import DriverProcess
 from epochal.store import SnapshotStore
 from epochal_sdk import ConfigError, FencedError, Guarantee
 
@@ -30,11 +36,6 @@ ENV_JOB_DIR = "EPOCHAL_JOB_DIR"
 ENV_GUARANTEE = "EPOCHAL_GUARANTEE"
 ENV_ALLOW_DOWNGRADE = "EPOCHAL_ALLOW_DOWNGRADE"
 ENV_FAULTS = "EPOCHAL_FAULTS"
-
-
-def job_dir(snapshot_dir: str, job: str) -> str:
-    """Where one job's records, state and logs live."""
-    return f"{snapshot_dir.rstrip('/')}/{job}"
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,12 @@ class JobContext:
         job = opts.get("epochal.job") or env.get(ENV_JOB) or "default"
         directory = env.get(ENV_JOB_DIR)
         if opts.get("epochal.snapshotdir"):
-            directory = job_dir(opts["epochal.snapshotdir"], job)
+            try:
+                directory = JobLayout(opts["epochal.snapshotdir"], job).path
+            except ValueError as exc:
+                raise ConfigError(
+                    f"job {job!r}", "epochal.job", str(exc), "Give another job name."
+                ) from None
         guarantee = Guarantee.parse(
             opts.get("epochal.guarantee") or env.get(ENV_GUARANTEE) or "exactly-once"
         )
@@ -84,9 +90,37 @@ class JobContext:
             guarantee=guarantee,
             allow_downgrade=(env.get(ENV_ALLOW_DOWNGRADE) == "1")
             or opts.get("epochal.allowdowngrade", "").lower() == "true",
-            run=int(time.time()),
             faults=FaultPlan.parse(faults_text, marker_dir),
         )
+
+    def holding_the_lease(
+        self, options: Mapping[str, str] | None = None, driver: DriverProcess | None = None
+    ) -> JobContext:
+        """This context with the job's lease held by this process's driver (``driver``:
+        default, the JVM this process runs under; a query started without ``epochal run``):
+        its lease epoch and run. A supervised run holds it already; a query without a
+        snapshot directory holds none, which only less than exactly-once may do."""
+        if self.supervised:
+            return self
+        if not self.job_dir:
+            if self.guarantee == Guarantee.EXACTLY_ONCE:
+                raise ConfigError(
+                    f"job {self.job!r}",
+                    "epochal.snapshotDir",
+                    "an exactly-once query holds its job's lease (the fence that keeps a "
+                    "second driver of the job from acting) in the job's snapshot directory, "
+                    "and none is given",
+                    "Set .option('epochal.snapshotDir', <directory>) (and "
+                    "'epochal.job') on the query, or lower it with "
+                    ".option('epochal.guarantee', 'at-least-once')",
+                )
+            return self
+        opts = {k.lower(): v for k, v in (options or {}).items()}
+        snapshot_dir, _, name = self.job_dir.rstrip("/").rpartition("/")
+        holding = session_lease.hold(
+            JobLayout(snapshot_dir, name), self.guarantee, session_lease.lease_ttl(opts), driver
+        )
+        return replace(self, run=holding.run, lease_epoch=holding.epoch)
 
     @staticmethod
     def _run_record() -> dict | None:
@@ -103,8 +137,8 @@ class JobContext:
 
     @property
     def fence(self) -> Fence:
-        """The fencing check of this run (inactive outside ``epochal run``)."""
-        return Fence(self.job_dir if self.supervised else None, self.lease_epoch)
+        """The fencing check of this run (inactive only for a run that holds no lease)."""
+        return Fence(self.job_dir if self.lease_epoch > 0 else None, self.lease_epoch)
 
     def check_fence(self, doing: str) -> None:
         """Raise ``FencedError`` if another driver owns the job now."""
@@ -112,11 +146,11 @@ class JobContext:
 
     @property
     def state_dir(self) -> str | None:
-        """Where this run's state lives: the live epoch's directory under ``epochal run``,
-        the job directory itself for a query started without it."""
+        """Where this run's state lives: the directory of its lease epoch (the job directory
+        itself for a run that holds no lease)."""
         if not self.job_dir:
             return None
-        if self.supervised and self.lease_epoch > 0:
+        if self.lease_epoch > 0:
             return state_dir(self.job_dir, self.lease_epoch)
         return self.job_dir
 

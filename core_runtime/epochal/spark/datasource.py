@@ -40,7 +40,7 @@ class EpochalDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.options = dict(options)
-        self.context = JobContext.current(self.options)
+        self.context = JobContext.current(self.options).holding_the_lease(self.options)
 
     @classmethod
     def name(cls) -> str:

@@ -86,7 +86,9 @@ def two_phase(part: Part, sink: TransactionalSink) -> TwoPhaseCommit:
         sink,
         part.context.job,
         part.part_id,
-        run=part.context.run,
+        # a run that holds no lease has no place among the job's runs: its recovery rolls
+        # back every in-doubt transaction of the sink (at less than exactly-once only)
+        run=part.context.run if part.context.fence.active else None,
         step=part.context.reach,
         fence=part.context.check_fence,
         lease_epoch=part.context.lease_epoch,
@@ -152,6 +154,10 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                         records += batch.num_rows
                         size += batch.nbytes
                     self.part.context.reach("sink.after_write", task.batch_id)
+                    if exactly_once:  # a task of a driver that lost the job prepares nothing
+                        self.part.context.check_fence(
+                            f"batch {task.batch_id}: task {task.partition} preparing"
+                        )
                     with metrics.timed(timings, "prepare"):
                         data = txn.prepare()
                 except BaseException:

@@ -1,0 +1,198 @@
+"""The lease of a query started without ``epochal run`` (a plain SparkSession under any
+restarter): its driver takes the job's lease through a keeper process, with run numbers
+from the job's record, and is fenced and stopped when another driver takes the job over.
+
+Each "driver" here is a real process standing for a driver's JVM (a sleeping Python
+process); the keeper watches it as it would a JVM, and kills it when the lease is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from epochal import processes
+from epochal.context import JobContext
+from epochal.jobs import JobDirectory, JobStatus
+from epochal.layout import JobLayout
+from epochal.lease import SESSION
+from epochal.protocols.two_phase import TwoPhaseCommit
+from epochal.session_lease import DriverProcess, LeaseNotHeldError, hold
+from epochal.store import StateMovedError
+from epochal.testing import prepare_transaction
+from epochal_map import MapSink
+from epochal_sdk import (
+    ConfigError,
+    FencedError,
+    Field,
+    Guarantee,
+    Options,
+    Prepared,
+    TaskContext,
+    transaction_prefix,
+)
+
+TTL = 2.0
+JOB = "plain"
+SINK_ID = "map-out"
+PREFIX = transaction_prefix(JOB, SINK_ID)
+SCHEMA = (Field("key", "string"), Field("value", "string"))
+
+
+def _wait(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]]:
+    """Start stand-ins for driver JVMs; all are killed at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> tuple[subprocess.Popen[bytes], DriverProcess]:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        started.append(proc)
+        _wait(lambda: processes.start_ticks(proc.pid), "the driver to start")
+        return proc, DriverProcess(proc.pid, processes.start_ticks(proc.pid) or 0)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
+def _context(snapshots: str, driver: DriverProcess) -> JobContext:
+    """What a data source of the query builds on the driver (its options give the job)."""
+    options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
+    return JobContext.current(options).holding_the_lease(options, driver)
+
+
+def _keeper(snapshots: str, driver: DriverProcess) -> int:
+    return hold(JobLayout(snapshots, JOB), Guarantee.EXACTLY_ONCE, TTL, driver).keeper
+
+
+def test_exactly_once_without_a_snapshot_directory_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        JobContext.current({"epochal.job": JOB}).holding_the_lease({})
+    assert "epochal.snapshotDir" in str(info.value) and "at-least-once" in str(info.value)
+    weaker = {"epochal.job": JOB, "epochal.guarantee": "at-least-once"}
+    assert JobContext.current(weaker).holding_the_lease(weaker).lease_epoch == 0
+
+
+def test_a_bad_job_name_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    options = {"epochal.job": "../../x", "epochal.snapshotDir": str(tmp_path)}
+    with pytest.raises(ConfigError, match="not allowed"):
+        JobContext.current(options)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    first_proc, first = drivers()
+    context = _context(snapshots, first)
+    assert (context.lease_epoch, context.run) == (1, 1)
+    assert context.fence.active and context.state_dir == f"{snapshots}/{JOB}/epochs/1"
+    jobdir = JobDirectory(snapshots, JOB)
+    lease = jobdir.lease()
+    assert lease is not None and lease.holder == SESSION and lease.pid == first.pid
+    record = jobdir.load()  # the query wrote its own job record
+    assert record.status == JobStatus.RUNNING and record.run == 1
+    assert record.driver["holder"] == SESSION and record.driver["pid"] == first.pid
+    assert _context(snapshots, first) == context  # every planner of the driver: the same
+
+    first_proc.kill()  # the restarter's restart: the old driver is gone
+    _wait(lambda: jobdir.lease().renewed == 0.0, "the keeper to release the lease")
+    _, second = drivers()
+    started = time.monotonic()
+    successor = _context(snapshots, second)
+    assert time.monotonic() - started < TTL, "a released lease is taken at once"
+    assert (successor.lease_epoch, successor.run) == (2, 2)
+    assert jobdir.load().runs[0]["outcome"] == "its driver ended"
+
+
+def test_a_live_driver_keeps_the_job_from_a_second_one(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    _, first = drivers()
+    _context(snapshots, first)
+    _, second = drivers()
+    with pytest.raises(LeaseNotHeldError) as info:
+        _context(snapshots, second)
+    assert f"pid {first.pid}" in str(info.value) and "Stop the other driver" in str(info.value)
+    assert JobDirectory(snapshots, JOB).lease_epoch() == 1
+
+
+def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+) -> None:
+    """The split brain of a restart policy: the driver is partitioned (its JVM and its
+    keeper stopped), a new driver takes the job over once the lease expired and prepares a
+    transaction; the old one wakes. Every step of the old run is refused (decision,
+    recovery, its store), the new run's prepared transaction survives it, and the old
+    keeper kills its driver. Without the fence of a plain session (epoch 0, as before) the
+    zombie's recovery rolls the new driver's transaction back."""
+    snapshots = str(tmp_path / "snapshots")
+    options = {"path": str(tmp_path / "out.sqlite"), "map": "out", "mode": "transactional"}
+    sink = MapSink(Options("map", options))
+    old_proc, old = drivers()
+    zombie = _context(snapshots, old)
+    old_keeper = _keeper(snapshots, old)
+    zombie_store = zombie.store("map")
+    for pid in (old.pid, old_keeper):
+        os.kill(pid, signal.SIGSTOP)
+
+    _, new = drivers()
+    owner = _context(snapshots, new)  # waits out the stopped driver's lease
+    assert (owner.lease_epoch, owner.run) == (2, 2)
+    newer = _prepare(sink, owner, batch=5)
+
+    zombie_protocol = _protocol(sink, zombie)
+    with pytest.raises(FencedError, match="holds lease epoch 1"):
+        zombie_protocol.recover()
+    with pytest.raises(FencedError):
+        zombie_protocol.commit_batch(5, [_prepare(sink, zombie, batch=5)])
+    with pytest.raises(StateMovedError):
+        zombie_store.write_json("sinks/x/decisions/000000000005", {"by": "zombie"})
+    assert newer.transaction_id in {p.transaction_id for p in sink.in_doubt(PREFIX)}
+
+    os.kill(old_keeper, signal.SIGCONT)
+    os.kill(old.pid, signal.SIGCONT)
+    assert old_proc.wait(30) == -signal.SIGKILL, "the old keeper must stop its driver"
+    _protocol(sink, owner).commit_batch(5, [newer])
+    assert sink.in_doubt(PREFIX) == []
+
+
+def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:
+    """The 2PC protocol as the context's driver runs it (its store, fence, run)."""
+    store = context.store("map")
+    return TwoPhaseCommit(
+        store,
+        sink,
+        SINK_ID,
+        PREFIX,
+        run=context.run,
+        fence=context.check_fence,
+        lease_epoch=context.lease_epoch,
+    )
+
+
+def _prepare(sink: MapSink, context: JobContext, batch: int) -> Prepared:
+    """A task of the context's run prepares one row."""
+    task = TaskContext(context.job, SINK_ID, batch, 0, 0, SCHEMA, run=context.run)
+    rows = pa.RecordBatch.from_pydict({"key": [f"k{context.run}"], "value": ["v"]})
+    return prepare_transaction(sink, task, rows)
