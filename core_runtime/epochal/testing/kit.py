@@ -27,6 +27,10 @@ after another (see :mod:`epochal.faults`), so a handful of job runs cover every 
                     resumed (SIGCONT): it must decide, acknowledge and write nothing; then
                     a kill of the whole driver and one of a Python worker, in random order
                     at random moments.
+``session-failures`` the same failures where no supervisor runs: the query in a user's
+                    plain SparkSession, its driver started again by an outside restarter
+                    (as YARN or a restart policy does); the driver holds the job's lease
+                    itself (:mod:`epochal.session_lease`).
 
 Scenarios run on ``local[2,4]`` (failed tasks are retried); executor JVM kills on
 ``local-cluster[2,1,1024]``. At the end
@@ -298,6 +302,8 @@ def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[Cov
     for fault in scenario.faults:
         if scenario.kind == "real-failures":
             kill = fault.kind if fault.kind in ("supervisor", "pause") else "random"
+        elif scenario.kind == "session-failures":
+            kill = f"session {fault.kind}"
         else:
             kill = fault.kind
         rows.append(
@@ -309,17 +315,22 @@ def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[Cov
                 kill,
             )
         )
-    if scenario.kind == "real-failures":
+    if scenario.kind in RESTARTER_KINDS:
+        session = scenario.kind == "session-failures"
         rows.append(
             CoverageRow(
                 suite.connector_label(JOB_POINT),
                 "random kills (driver, Python worker)",
                 scenario.guarantee.label,
                 scenario.mode,
-                "random",
+                "session random" if session else "random",
             )
         )
     return rows
+
+
+RESTARTER_KINDS = ("real-failures", "session-failures")
+"""Scenarios whose failures come from outside (a restarter), with random kills."""
 
 
 # -- the suite ------------------------------------------------------------------------------
@@ -343,8 +354,9 @@ class ConformanceSuite:
             way, and every suite kills the whole driver after a batch and at random times).
         executor_kills: also kill executor JVMs at every executor point (``local-cluster``);
             every suite kills the executors' Python workers there (tasks are retried).
-        real_failures: also run the real-failures scenario (supervisor killed, zombie
-            driver, random kills), exactly-once.
+        real_failures: also run the real-failures scenarios, exactly-once: supervised
+            (supervisor killed, zombie driver, random kills) and in a plain session under an
+            outside restarter (driver killed, zombie driver, random kills).
     """
 
     source_contract: ClassVar[str] = "replayable"
@@ -430,6 +442,17 @@ class ConformanceSuite:
                     ),
                 )
             )
+            out.append(
+                Scenario(
+                    "session-failures",
+                    exactly_once,
+                    first,
+                    (
+                        Fault("sink.after_commit", action="driver"),
+                        Fault(cls.pause_point(), action="pause"),
+                    ),
+                )
+            )
         return out
 
     @classmethod
@@ -504,7 +527,7 @@ def run_case(
     """Run one scenario and count what the sink shows, by record ID."""
     scenario = case.scenario() if isinstance(case, Case) else case
     batches = len(scenario.faults) + 3
-    if scenario.kind == "real-failures":
+    if scenario.kind in RESTARTER_KINDS:
         batches += 20  # room for the take-overs and the random kills (~5-10 batches)
     ids = list(range(max(records, per_batch * batches)))
     source.produce(ids)
@@ -537,6 +560,10 @@ def run_case(
     notes: list[str] = []
     if scenario.kind == "real-failures":
         record = RealFailures(jobdir, scenario, config, seed=name).run(notes)
+    elif scenario.kind == "session-failures":
+        from epochal.testing.session_failures import SessionFailures
+
+        record = SessionFailures(jobdir, scenario, spec, seed=name).run(notes)
     else:
         lines: list[str] = []
         use_pool = pool if scenario.master == LOCAL else None
@@ -657,7 +684,7 @@ class RealFailures:
             f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (supervisor B "
             f"exit {second.returncode})"
         )
-        self._check_zombie_wrote_nothing(zombie, zombie_epoch, notes)
+        check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
         done = self._random_kills(third, notes, kills=2)
         assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
         _wait_for(lambda: third.poll() is not None, "supervisor C to finish the job", 600)
@@ -691,30 +718,6 @@ class RealFailures:
             if int(run.get("epoch", 0)) > epoch and run.get("first_batch_at"):
                 return run
         return None
-
-    def _check_zombie_wrote_nothing(
-        self, zombie: dict, zombie_epoch: int, notes: list[str]
-    ) -> None:
-        """Nothing written through the zombie's (moved) state directory, and no commit
-        decision of the zombie's epoch for the batch it was paused in or a later one."""
-        epochs = sorted(os.listdir(f"{self.jobdir.path}/epochs"))
-        assert epochs == [str(self.jobdir.lease().state)], (
-            f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
-        )
-        paused_batch = zombie.get("batch")
-        store = self.jobdir.store
-        late = []
-        for sink_id in _dirs(store.base, "sinks"):
-            for key in store.list(f"sinks/{sink_id}/decisions"):
-                decision = store.read_json(key)
-                if (
-                    paused_batch is not None
-                    and int(decision["batch"]) >= int(paused_batch)
-                    and int(decision.get("lease_epoch", 0)) <= zombie_epoch
-                ):
-                    late.append((key, decision.get("lease_epoch")))
-        assert not late, f"the zombie recorded commit decisions after its pause: {late}"
-        notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")
 
     def _random_kills(self, supervisor: subprocess.Popen[str], notes: list[str], kills: int) -> int:
         """Kill, at random moments, the active driver run and one of its Python workers
@@ -754,6 +757,32 @@ class RealFailures:
                 notes.append(f"random kill after batch {at}: the whole driver run")
                 done += 1
         return done
+
+
+def check_zombie_wrote_nothing(
+    jobdir: JobDirectory, zombie: dict, zombie_epoch: int, notes: list[str]
+) -> None:
+    """Nothing written through the zombie's (moved) state directory, and no commit decision
+    of the zombie's epoch for the batch it was paused in or a later one."""
+    epochs = sorted(os.listdir(f"{jobdir.path}/epochs"))
+    lease = jobdir.lease()
+    assert lease is not None and epochs == [str(lease.state)], (
+        f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
+    )
+    paused_batch = zombie.get("batch")
+    store = jobdir.store
+    late = []
+    for sink_id in _dirs(store.base, "sinks"):
+        for key in store.list(f"sinks/{sink_id}/decisions"):
+            decision = store.read_json(key)
+            if (
+                paused_batch is not None
+                and int(decision["batch"]) >= int(paused_batch)
+                and int(decision.get("lease_epoch", 0)) <= zombie_epoch
+            ):
+                late.append((key, decision.get("lease_epoch")))
+    assert not late, f"the zombie recorded commit decisions after its pause: {late}"
+    notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")
 
 
 def _dirs(base: str, sub: str) -> list[str]:

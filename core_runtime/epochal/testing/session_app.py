@@ -1,0 +1,47 @@
+"""A user's application, as the conformance kit's plain-session scenario runs it: a plain
+SparkSession (no ``epochal run``, no supervisor), the kit's pipeline with the job given in
+the options of its source and sink, the Spark checkpoint where the user chose it, and an
+``availableNow`` trigger. It exits 0 once the query has processed everything, non-zero when
+the query failed: an outside restarter (the kit, standing for YARN or a restart policy)
+starts it again until it succeeds.
+
+``python -m epochal.testing.session_app CHECKPOINT`` with the kit's spec in
+``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.testing.pipelines`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from epochal.testing.pipelines import SPEC_ENV
+
+MASTER = "local[2,4]"
+"""Two cores, and a failed task is retried (as the kit's supervised scenarios run)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the query to its end; 0 when it finished, 1 when it failed."""
+    args = sys.argv[1:] if argv is None else argv
+    checkpoint = args[0]
+    spec = json.loads(os.environ[SPEC_ENV])
+    from epochal.driver import SessionProfile, spark_session
+    from epochal.spark.datasource import register
+    from epochal.testing import pipelines
+    from epochal.testing.kit import TEST_SPARK_CONF
+
+    spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))
+    register(spark)
+    writer = getattr(pipelines, spec.get("pipeline", "copy"))(spark)
+    query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    try:
+        query.awaitTermination()
+    except Exception as exc:  # the query failed: say why, exit non-zero for the restarter
+        sys.stderr.write(f"session app: the query failed: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The kit's real failures where no supervisor runs: the query in a user's plain SparkSession
+(:mod:`epochal.testing.session_app`), whose driver an outside restarter starts again, as
+YARN's application attempts, the spark-operator's restart policy or a restart loop do. The
+kit is that restarter: it starts the application again whenever it ended without finishing,
+and once (the split brain) while the old driver still lives.
+
+1. Driver A runs until the first fault kills it whole after a sink's commit (SIGKILL of the
+   application, its JVM, its Python workers and its lease keeper). The restarter starts B
+   at once; B takes the job's lease at once (A's JVM is gone, provably).
+2. The second fault pauses B at the most dangerous step (SIGSTOP of all of B's processes,
+   its keeper included, as a partition or a long GC would). The restarter gives up on B and
+   starts C: C must wait out B's lease (its TTL after B's last renewal), then takes the job
+   over and commits a batch. B is resumed (SIGCONT): its keeper finds the lease lost and
+   kills B's JVM; B decides, acknowledges and writes nothing.
+3. C's whole driver and one of its Python workers are killed at random moments; the
+   restarter starts the next driver each time, until one finishes the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from epochal import processes
+from epochal.faults import FaultPlan
+from epochal.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.testing.kit import (
+    KIT_LEASE_TTL,
+    Scenario,
+    _driver_log_tail,
+    _wait_for,
+    check_zombie_wrote_nothing,
+)
+from epochal.testing.pipelines import SPEC_ENV
+
+APP_MODULE = "epochal.testing.session_app"
+MAX_STARTS = 12
+"""The restarter gives up after this many starts of the application."""
+
+
+class SessionFailures:
+    """Runs the plain-session scenario (see the module doc) for one job."""
+
+    def __init__(self, jobdir: JobDirectory, scenario: Scenario, spec: dict[str, Any], seed: str):
+        self.jobdir, self.scenario = jobdir, scenario
+        self.random = random.Random(seed)
+        self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+        self.checkpoint = f"{jobdir.path}-checkpoint"
+        job = {
+            "epochal.job": jobdir.name,
+            "epochal.snapshotDir": jobdir.snapshot_dir,
+            "epochal.guarantee": scenario.guarantee.label,
+            "epochal.faults": scenario.plan,
+            "epochal.leaseTtl": str(KIT_LEASE_TTL),
+        }
+        self.spec = {
+            **spec,
+            "source_options": {**spec["source_options"], **job},
+            "sink_options": {**spec["sink_options"], **job},
+            "pipeline": scenario.pipeline,
+        }
+        self.apps: list[tuple[subprocess.Popen[str], str]] = []
+
+    def run(self, notes: list[str]) -> JobRecord:
+        try:
+            return self._run(notes)
+        finally:
+            for app, token in self.apps:
+                processes.signal_run(token, signal.SIGCONT)
+                with contextlib.suppress(TimeoutError):
+                    processes.kill_run(token)
+                app.wait()
+
+    def _run(self, notes: list[str]) -> JobRecord:
+        kill, pause = self.scenario.faults
+        first, _ = self._start("a")
+        _wait_for(lambda: first.poll() is not None, "driver A to be killed by its fault", 300)
+        assert first.returncode == -signal.SIGKILL, f"driver A ended with {first.returncode}"
+        assert self.plan.fired() == [kill.label], self.plan.fired()
+
+        second, zombie_token = self._start("b")
+        _wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
+        zombie = self.plan.marker_info(pause.label)
+        assert zombie["token"] == zombie_token, "the pause fired in another driver than B"
+        lease = self.jobdir.lease()
+        assert lease is not None
+        zombie_epoch, last_renewal = lease.epoch, lease.renewed
+        committed = self._commits()
+        third, third_token = self._start("c")
+        _wait_for(
+            lambda: self._commits() > committed or third.poll() is not None,
+            "driver C to take over and commit a batch",
+            300,
+        )
+        assert third.poll() is None, f"driver C ended with {third.returncode}: {self._log('c')}"
+        taken = next(
+            (r for r in self.jobdir.load().runs if int(r.get("epoch", 0)) > zombie_epoch), None
+        )
+        assert taken is not None, self.jobdir.load().runs
+        waited = float(taken["started"]) - last_renewal
+        assert waited >= KIT_LEASE_TTL - 0.05, (
+            f"driver C took the job over {waited:.2f}s after the zombie's last lease renewal; "
+            f"it must wait for the lease ({KIT_LEASE_TTL}s) to expire"
+        )
+        notes.append(f"session take-over {waited:.1f}s after the zombie's last renewal")
+        processes.signal_run(zombie_token, signal.SIGCONT)
+        resumed = time.monotonic()
+        _wait_for(
+            lambda: second.poll() is not None and not processes.processes_of(zombie_token),
+            "the zombie driver to be stopped by its lease keeper",
+            60,
+        )
+        notes.append(
+            f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (exit "
+            f"{second.returncode})"
+        )
+        check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
+        last = self._random_kills(third, third_token, notes)
+        record = self.jobdir.load()
+        if last.returncode == 0:
+            record.status = JobStatus.COMPLETED
+        else:
+            record.status = JobStatus.FAILED
+            record.failure = f"the application ended with {last.returncode}: {self._logs()}"
+        return record
+
+    def _start(self, tag: str) -> tuple[subprocess.Popen[str], str]:
+        """Start the user's application as a restarter does (a new run token names all of
+        its processes, for the kills)."""
+        assert len(self.apps) < MAX_STARTS, f"the restarter gave up after {MAX_STARTS} starts"
+        token = processes.new_run_token()
+        env = {
+            **os.environ,
+            SPEC_ENV: json.dumps(self.spec),
+            processes.RUN_TOKEN_ENV: token,
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        log = open(f"{self.jobdir.path}-app-{tag}.log", "w")  # noqa: SIM115
+        with log:
+            app = subprocess.Popen(
+                [sys.executable, "-m", APP_MODULE, self.checkpoint],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+        self.apps.append((app, token))
+        return app, token
+
+    def _commits(self) -> int:
+        """Batches in the Spark commit log of the application's checkpoint."""
+        with contextlib.suppress(FileNotFoundError):
+            return sum(name.isdigit() for name in os.listdir(f"{self.checkpoint}/commits"))
+        return 0
+
+    def _random_kills(
+        self, app: subprocess.Popen[str], token: str, notes: list[str]
+    ) -> subprocess.Popen[str]:
+        """Kill the running driver whole and one of its Python workers, in random order at
+        random moments, restarting the application whenever it ended without finishing;
+        returns the application that ended last."""
+        kinds = ["driver", "worker"]
+        self.random.shuffle(kinds)
+        done = 0
+        for kind in kinds:
+            committed = self._commits()
+            with contextlib.suppress(AssertionError):
+                _wait_for(
+                    lambda a=app, c=committed: a.poll() is not None or self._commits() > c,
+                    "another committed batch",
+                    120,
+                )
+            app, token = self._restarted(app, token)
+            if app.poll() is not None:
+                break
+            time.sleep(self.random.uniform(0.0, 1.5))  # a random moment, by design
+            workers = processes.python_workers(token)
+            if kind == "worker" and workers:
+                victim = self.random.choice(workers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                notes.append(f"random kill after {self._commits()} batches: Python worker")
+            else:
+                with contextlib.suppress(TimeoutError):
+                    processes.kill_run(token)
+                notes.append(f"random kill after {self._commits()} batches: the whole driver")
+            done += 1
+        assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
+        while True:
+            _wait_for(lambda a=app: a.poll() is not None, "the application to end", 600)
+            if app.returncode == 0:
+                return app
+            app, token = self._restarted(app, token)
+
+    def _restarted(
+        self, app: subprocess.Popen[str], token: str
+    ) -> tuple[subprocess.Popen[str], str]:
+        """The restart policy: an application that ended without finishing is started
+        again (after its processes are gone, as a container's are)."""
+        if app.poll() is None or app.returncode == 0:
+            return app, token
+        with contextlib.suppress(TimeoutError):
+            processes.kill_run(token)
+        return self._start(chr(ord("a") + len(self.apps)))
+
+    def _log(self, tag: str) -> str:
+        with contextlib.suppress(OSError), open(f"{self.jobdir.path}-app-{tag}.log") as fh:
+            return "\n".join(fh.read().splitlines()[-40:])
+        return ""
+
+    def _logs(self) -> str:
+        tags = [chr(ord("a") + i) for i in range(len(self.apps))]
+        return "\n".join(f"--- app {t}\n{self._log(t)}" for t in tags[-2:]) + _driver_log_tail(
+            self.jobdir.logs
+        )
