@@ -50,6 +50,9 @@ class JobContext:
     lease_epoch: int = 0
     faults: FaultPlan = field(default_factory=FaultPlan)
     supervised: bool = False
+    spark_checkpoint: str | None = None
+    """Spark's checkpoint of a query started without ``epochal run``, when its options say
+    where it is (``epochal.checkpointLocation``)."""
 
     @classmethod
     def current(cls, options: Mapping[str, str] | None = None) -> JobContext:
@@ -91,6 +94,7 @@ class JobContext:
             allow_downgrade=(env.get(ENV_ALLOW_DOWNGRADE) == "1")
             or opts.get("epochal.allowdowngrade", "").lower() == "true",
             faults=FaultPlan.parse(faults_text, marker_dir),
+            spark_checkpoint=opts.get("epochal.checkpointlocation") or None,
         )
 
     def holding_the_lease(
@@ -171,10 +175,13 @@ class JobContext:
 
     @property
     def checkpoint(self) -> str | None:
-        """Spark's checkpoint of this run, when it is epochal's to know (supervised)."""
+        """Spark's checkpoint of this run, when it is epochal's to know: supervised, or given
+        to a query started without ``epochal run`` as ``epochal.checkpointLocation`` (an
+        acknowledging source then settles its last batch at the end of an available-now run
+        instead of at the next run's start)."""
         if self.supervised and self.state_dir:
             return f"{self.state_dir}/checkpoint"
-        return None
+        return self.spark_checkpoint
 
     def reach(self, point: str, batch: int | None = None) -> None:
         """A protocol step: fire the crash point if the fault plan names it."""

@@ -40,7 +40,7 @@ class EpochalDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.options = dict(options)
-        self.context = JobContext.current(self.options).holding_the_lease(self.options)
+        self.context = JobContext.current(self.options)
 
     @classmethod
     def name(cls) -> str:
@@ -62,7 +62,13 @@ class EpochalDataSource(DataSource):
             finally:
                 source.close()
 
+    def _streaming(self) -> None:
+        """A streaming read or write of the job is planned: its driver holds the job's lease
+        from here (:meth:`JobContext.holding_the_lease`); a schema look-up needs none."""
+        self.context = self.context.holding_the_lease(self.options)
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._streaming()
         part = self._part()
         with _job_start_checks(self.context):
             source = part.build_source()
@@ -92,6 +98,7 @@ class EpochalDataSource(DataSource):
         raise TypeError(f"{part.label}: {type(source).__name__} implements no source contract")
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        self._streaming()
         part = self._part()
         fields = sdk_schema(schema)
         first_plan = _planning_worker() and _first_plan_of_run(part)

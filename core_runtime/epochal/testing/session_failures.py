@@ -59,6 +59,7 @@ class SessionFailures:
             "epochal.guarantee": scenario.guarantee.label,
             "epochal.faults": scenario.plan,
             "epochal.leaseTtl": str(KIT_LEASE_TTL),
+            "epochal.checkpointLocation": self.checkpoint,
         }
         self.spec = {
             **spec,
