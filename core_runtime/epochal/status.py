@@ -54,7 +54,13 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
             "renewed_ago_s": round(lease.age(now), 1) if lease.renewed else None,
             "live": live,
         }
-    if status == ORPHANED:
+    if status == ORPHANED and not record.target:
+        out["hint"] = (
+            "the driver that ran this job's query in its own SparkSession is gone (its lease "
+            "was released or expired): the application's restarter (YARN, Kubernetes, a "
+            "restart loop) starts it again, and it takes the job over"
+        )
+    elif status == ORPHANED:
         out["hint"] = (
             f"no supervisor holds this job's lease (its supervisor died or was stopped): resume "
             f"it with `python -m epochal jobs resume {record.name} --snapshot-dir "

@@ -151,6 +151,12 @@ class Supervisor:
     def run(self) -> JobRecord:
         """Supervise the job to its end; returns the final record."""
         record = self.jobdir.load()
+        if not record.target:
+            raise JobError(
+                f"job {record.name!r} was started by a query in a driver's own SparkSession "
+                "(not by `epochal run`), so there is no pipeline function to run here: start "
+                "that application again (its restarter does), and it takes the job over"
+            )
         self.config = record.job_config
         self.profile = SessionProfile.of(record)
         processes.sweep_scratch()  # what the drivers of a killed supervisor left

@@ -21,12 +21,14 @@ import pytest
 
 from epochal import processes
 from epochal.context import JobContext
-from epochal.jobs import JobDirectory, JobStatus
+from epochal.jobs import JobDirectory, JobError, JobStatus
 from epochal.layout import JobLayout
 from epochal.lease import SESSION
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.session_lease import DriverProcess, LeaseNotHeldError, hold
+from epochal.status import job_status
 from epochal.store import StateMovedError
+from epochal.supervisor import Supervisor
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
 from epochal_sdk import (
@@ -114,8 +116,15 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert record.driver["holder"] == SESSION and record.driver["pid"] == first.pid
     assert _context(snapshots, first) == context  # every planner of the driver: the same
 
+    shown = job_status(jobdir)
+    assert shown["status"] == "RUNNING" and shown["lease"]["holder"] == SESSION
+
     first_proc.kill()  # the restarter's restart: the old driver is gone
     _wait(lambda: jobdir.lease().renewed == 0.0, "the keeper to release the lease")
+    shown = job_status(jobdir)
+    assert shown["status"] == "ORPHANED" and "restarter" in shown["hint"], shown
+    with pytest.raises(JobError, match="start that application again"):
+        Supervisor(jobdir).run()  # `epochal jobs resume`: no pipeline function to run
     _, second = drivers()
     started = time.monotonic()
     successor = _context(snapshots, second)
