@@ -19,4 +19,5 @@ from integration.harness.plugin import (  # noqa: F401 - re-exported as conftest
     s3_server,
     spark_cluster,
     spark_connect_server,
+    yarn_cluster,
 )

@@ -186,6 +186,15 @@ def spark_cluster() -> Iterator[SparkCluster]:
 
 
 @pytest.fixture(scope="session")
+def yarn_cluster() -> Iterator[Any]:
+    """A YARN cluster (``YarnCluster``: a ResourceManager, two NodeManagers) from Maven
+    Central's Hadoop jars; started only when a test asks."""
+    from .yarn import start_yarn_cluster
+
+    yield from _provide("yarn_cluster", start_yarn_cluster)
+
+
+@pytest.fixture(scope="session")
 def spark_connect_server() -> Iterator[Any]:
     """A Spark Connect server (``SparkConnectServer``: ``url``, ``session()``) run from the
     pyspark package, with epochal's formats registered on it; started only when asked."""
