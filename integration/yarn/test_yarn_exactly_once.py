@@ -1,0 +1,216 @@
+"""Exactly-once Kafka → PostgreSQL on a real YARN that restarts the driver itself.
+
+A user's application (``kafka_to_postgres_app.py``) is submitted with ``spark-submit
+--master yarn --deploy-mode cluster`` and ``spark.yarn.maxAppAttempts=4``; no supervisor
+runs. Its driver holds the job's lease itself (:mod:`epochal.session_lease`). One
+application goes through both failures a YARN deployment meets:
+
+1. **The driver is killed** (SIGKILL of the ApplicationMaster's JVM, at a random moment
+   after a committed batch): YARN starts attempt 2, which takes the job over at once (the
+   dead driver's JVM is provably gone) and recovers.
+2. **The driver's node is partitioned**: its NodeManager and every process of the driver's
+   container (JVM, Python workers, lease keeper) are stopped (SIGSTOP). The ResourceManager
+   declares the node lost and starts attempt 3 on the other node while the old driver
+   still exists; attempt 3 takes the job over once the old lease expired and commits. The
+   old driver is then resumed (SIGCONT) while attempt 3 runs: it decides, acknowledges and
+   writes nothing (no commit decision of its epoch written after the take-over, nothing
+   written through its moved state directory), and it is stopped.
+
+The job's snapshot directory (its lease, records and store) is on the S3 server: the lease
+is taken and renewed with conditional writes. Credentials reach the containers as a file
+readable by its owner only (``AWS_SHARED_CREDENTIALS_FILE``), never on a command line.
+
+Then the application is stopped and an independent reader of the table counts every
+Kafka record exactly once; no transaction is left prepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from epochal.jobs import JobDirectory
+from integration.harness import wait_until
+from integration.harness.kafka import KafkaServer
+from integration.harness.plugin import PostgresDatabase
+from integration.harness.s3 import S3Bucket
+from integration.harness.yarn import FINAL_STATES, YarnCluster, process_alive
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+APP = Path(__file__).with_name("kafka_to_postgres_app.py")
+JOB = "yarn-kafka-to-postgres"
+RECORDS = 600
+PER_BATCH = 50
+LEASE_TTL = 8.0
+STEP = 180.0
+
+
+def _produce(kafka: KafkaServer, topic: str, ids: range) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka.client_config(acks="all", **{"enable.idempotence": True}))
+    for i in ids:
+        producer.produce(topic, key=f"id-{i:05d}", value=f"event {i}", partition=i % 3)
+    assert producer.flush(30) == 0, "records still unsent after 30s"
+
+
+def _table(db: PostgresDatabase) -> Counter[str]:
+    with db.connect() as conn:
+        if conn.execute("SELECT to_regclass('events')").fetchone()[0] is None:
+            return Counter()
+        return Counter(row[0] for row in conn.execute("SELECT id FROM events"))
+
+
+def _prepared(db: PostgresDatabase) -> list[str]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _rows_beyond(db: PostgresDatabase, count: int, cluster: YarnCluster, app_id: str) -> int:
+    """Wait until the table holds more than ``count`` rows; the count then."""
+
+    def grown() -> int | None:
+        assert cluster.app_state(app_id) not in FINAL_STATES, cluster.logs(app_id)
+        now = sum(_table(db).values())
+        return now if now > count else None
+
+    return wait_until(
+        grown, STEP, f"more than {count} rows", on_timeout=lambda: cluster.logs(app_id)
+    )
+
+
+@pytest.mark.kafka_topic(partitions=3)
+def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
+    yarn_cluster: YarnCluster,
+    kafka_server: KafkaServer,
+    kafka_topic: str,
+    postgres_db: PostgresDatabase,
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster, rng = yarn_cluster, random.Random(JOB)
+    snapshots = s3_bucket.url("snapshots")
+    store_env = _object_store_env(s3_bucket, tmp_path)
+    for name, value in store_env.items():  # this process reads the job's lease too
+        monkeypatch.setenv(name, value)
+    spec = {
+        "bootstrap": kafka_server.bootstrap_servers,
+        "topic": kafka_topic,
+        "dsn": postgres_db.dsn,
+        "job": JOB,
+        "snapshot_dir": snapshots,
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "per_batch": PER_BATCH,
+        "lease_ttl": LEASE_TTL,
+        "stop": str(tmp_path / "stop"),
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.touch(mode=0o600)
+    spec_path.write_text(json.dumps(spec))
+    third = RECORDS // 3
+    _produce(kafka_server, kafka_topic, range(third))
+    conf = {"spark.yarn.maxAppAttempts": "4"}
+    for name, value in store_env.items():  # the driver's container and the executors'
+        conf[f"spark.yarn.appMasterEnv.{name}"] = value
+        conf[f"spark.executorEnv.{name}"] = value
+    submission = cluster.submit(APP, [str(spec_path)], conf=conf)
+    app_id = cluster.app_id_of(submission)
+    jobdir = JobDirectory(snapshots, JOB)
+    try:
+        # 1. the driver killed at a random moment after a committed batch
+        seen = _rows_beyond(postgres_db, 0, cluster, app_id)
+        time.sleep(rng.uniform(0.0, 1.5))  # a random moment, by design
+        killed = cluster.kill_am_driver(app_id)
+        cluster.wait_for_attempt(app_id, 2, STEP)
+        _produce(kafka_server, kafka_topic, range(third, 2 * third))
+        seen = _rows_beyond(postgres_db, seen, cluster, app_id)
+        assert not process_alive(killed)
+        assert jobdir.lease_epoch() == 2, jobdir.lease()
+
+        # 2. the driver's node partitioned: its NodeManager and its container stopped
+        node = cluster.am_node(app_id)
+        frozen = cluster.container_pids(cluster.attempts(app_id)[-1]["containerId"])
+        cluster.pause_node(node)
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):  # a short-lived one ended
+                os.kill(pid, signal.SIGSTOP)
+        zombie = jobdir.lease()
+        assert zombie is not None and zombie.epoch == 2
+        try:
+            attempt = cluster.wait_for_attempt(app_id, 3, STEP)
+            assert cluster.node_index(attempt["nodeId"]) != node, "attempt 3 on the lost node"
+            wait_until(lambda: jobdir.lease_epoch() == 3, STEP, "attempt 3 to take the lease")
+            taken = next(r for r in jobdir.load().runs if r.get("epoch") == 3)
+            waited = float(taken["started"]) - zombie.renewed
+            assert waited >= LEASE_TTL, f"taken over {waited:.1f}s after the last renewal"
+            seen = _rows_beyond(postgres_db, seen, cluster, app_id)
+        finally:
+            for pid in frozen:  # the old driver wakes while attempt 3 runs
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            cluster.resume_node(node)
+        _produce(kafka_server, kafka_topic, range(2 * third, RECORDS))
+        wait_until(
+            lambda: not any(process_alive(pid) for pid in frozen), STEP, "the old driver to stop"
+        )
+        wait_until(
+            lambda: sum(_table(postgres_db).values()) >= RECORDS,
+            STEP,
+            "every record in the table",
+            on_timeout=lambda: cluster.logs(app_id),
+        )
+        _check_the_zombie_wrote_nothing(jobdir, zombie.epoch, float(taken["started"]))
+        Path(spec["stop"]).touch()
+        wait_until(lambda: cluster.app_state(app_id) in FINAL_STATES, STEP, "the app to end")
+        assert cluster.app(app_id)["finalStatus"] == "SUCCEEDED", cluster.logs(app_id)
+    finally:
+        if cluster.app_state(app_id) not in FINAL_STATES:
+            cluster.kill_app(app_id)
+
+    table = _table(postgres_db)
+    expected = {f"id-{i:05d}" for i in range(RECORDS)}
+    assert set(table) == expected, f"lost: {sorted(expected - set(table))[:10]}"
+    assert [key for key, n in table.items() if n > 1] == [], "duplicates in the table"
+    assert _prepared(postgres_db) == []
+    print(f"attempts {len(cluster.attempts(app_id))}, lease epochs {jobdir.lease_epoch()}")
+
+
+def _object_store_env(bucket: S3Bucket, tmp_path: Path) -> dict[str, str]:
+    """Where the S3 server is, and a credentials file (0600) instead of secret values."""
+    credentials = tmp_path / "aws-credentials"
+    credentials.touch(mode=0o600)
+    credentials.write_text(
+        f"[default]\naws_access_key_id = {bucket.access_key}\n"
+        f"aws_secret_access_key = {bucket.secret_key}\n"
+    )
+    return {
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_REGION": bucket.region,
+        "AWS_ENDPOINT_URL": bucket.endpoint_url,
+    }
+
+
+def _check_the_zombie_wrote_nothing(jobdir: JobDirectory, epoch: int, taken_at: float) -> None:
+    """No commit decision of the old driver's epoch written after the take-over (on the
+    object store every write of a fenced run is refused by the lease check)."""
+    store = jobdir.store
+    late = []
+    for sink in store.list_dirs("sinks"):
+        for key in store.list(f"sinks/{sink}/decisions"):
+            decision, written = store.read_json(key), store.manifest(key).written
+            if int(decision["lease_epoch"]) <= epoch and written >= taken_at:
+                late.append(key)
+    assert not late, f"the old driver decided after the take-over: {late}"
