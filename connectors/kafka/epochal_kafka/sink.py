@@ -67,12 +67,14 @@ from epochal_sdk import (
     Options,
     PoisonRecordError,
     Prepared,
+    RecoveryScope,
     RestartableError,
     Schema,
     SchemaMismatchError,
     TaskContext,
     Transaction,
     TransactionalSink,
+    WriterId,
 )
 
 if TYPE_CHECKING:
@@ -454,8 +456,9 @@ class KafkaSink(TransactionalSink, IdempotentSink):
     # -- exactly-once -------------------------------------------------------------------------
 
     def transactional_id(self, task: TaskContext) -> str:
-        """``ep.<job>.<sink>.<spark partition>``: stable across attempts and runs (fencing)."""
-        return f"{task.prefix}.{task.partition}"
+        """The task's writer id (:class:`~epochal_sdk.WriterId`, ``<prefix>.<partition>``):
+        stable across attempts and runs, so a newer producer fences an older one."""
+        return str(task.writer_id)
 
     def begin(self, task: TaskContext) -> Transaction:
         """The Kafka transaction of one task (its session starts at once, in the background,
@@ -470,12 +473,13 @@ class KafkaSink(TransactionalSink, IdempotentSink):
         task, or is aborted by the next ``init_transactions`` of its ``transactional.id``
         (recovery, or the next producer of that id)."""
 
-    def in_doubt(self, prefix: str) -> list[Prepared]:
-        """Nothing is ever left prepared. Called with the bare job prefix at query start
-        (recovery), it fences every ``transactional.id`` of the sink so that no transaction
-        of a dead run lingers; per-batch calls (``<prefix><batch>.``) do nothing."""
+    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+        """Nothing is ever left prepared. At a recovery (``scope.recovery``: a run's start,
+        an operator settling) it fences every ``transactional.id`` of the sink, so that no
+        transaction of a dead run lingers; other look-ups (a batch, a listing) do nothing."""
         head = prefix.rstrip(".")
-        if self.mode != "transactional" or head.rsplit(".", 1)[-1].isdigit():
+        recovery = scope.recovery if scope is not None else not head.rsplit(".", 1)[-1].isdigit()
+        if self.mode != "transactional" or not recovery:
             return []
         if not self._topic_column and self.topic is not None and not self._unstable():
             return []  # no open transaction holds back read_committed readers of the topic
@@ -512,11 +516,7 @@ class KafkaSink(TransactionalSink, IdempotentSink):
                 f"kafka sink: listing consumer groups at {self.bootstrap} failed: "
                 f"{kafka_error(exc)}"
             ) from None
-        ids = sorted(
-            g.group_id
-            for g in groups.valid
-            if g.group_id.startswith(prefix + ".") and g.group_id[len(prefix) + 1 :].isdigit()
-        )
+        ids = sorted(g.group_id for g in groups.valid if WriterId.parse(g.group_id, prefix))
         errors: list[BaseException] = []
 
         def one(transactional_id: str) -> None:
