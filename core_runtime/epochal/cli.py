@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from epochal import files
 from epochal.config import CONNECT_DOC, SPARK_CONNECT_ADVICE, is_spark_connect_url
 from epochal_sdk import EpochalError
 
@@ -533,6 +534,7 @@ def _where(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``epochal`` and ``python -m epochal``."""
+    files.private_process()  # job records, snapshots, logs: the owner's only
     args = parser().parse_args(argv)
     try:
         code = args.func(args)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal import objectstore, processes, restart
+from epochal import files, objectstore, processes, restart, secrets
 from epochal.context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
@@ -355,6 +355,8 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
         .config(f"spark.executorEnv.{STARTING_ENV}", "0")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         .config("spark.sql.streaming.stopTimeout", "30s")
+        # Hadoop's file systems apply their own umask to what they create (the checkpoint)
+        .config("spark.hadoop.fs.permissions.umask-mode", "077")
     )
     token = os.environ.get(processes.RUN_TOKEN_ENV)
     if token:  # executors' Python workers carry the run token too (kill_run finds them)
@@ -782,7 +784,9 @@ class Driver:
             with contextlib.suppress(FencedError), self.jobdir.update(self.fence) as current:
                 current.failure = summary
                 self._end_run(current, summary)
-        sys.stderr.write(f"epochal: run failed ({kind.failure.value}: {kind.name}): {text}\n")
+        sys.stderr.write(
+            f"epochal: run failed ({kind.failure.value}: {kind.name}): {secrets.mask(text)}\n"
+        )
         return EXIT_RESTARTABLE if kind.failure is Failure.RESTARTABLE else EXIT_FATAL
 
     # -- called by the listener -----------------------------------------------------------
@@ -967,8 +971,12 @@ def _failure_text(error: Any) -> str:
 
 
 def _summary(text: str) -> str:
-    """The most telling line of a long Spark/Python error text: epochal's own error if there
-    is one, else the first Python error, else the first Spark exception."""
+    """The most telling line of a long Spark/Python error text (secrets masked): epochal's
+    own error if there is one, else the first Python error, else the first Spark exception."""
+    return secrets.mask(_telling_line(text))
+
+
+def _telling_line(text: str) -> str:
     patterns = (
         r"(epochal\w*\.[\w.]*(?:Error|Exception): [^\n]+)",
         r"(\b\w+(?:Error|Exception): [^\n]+)",
@@ -990,6 +998,7 @@ def _summary(text: str) -> str:
 def main() -> None:
     """``python -m epochal.driver --profile P (--epoch N SNAPSHOT_DIR JOB | --standby
     [--keep-warm])``."""
+    files.private_process()  # the checkpoint, the store, Spark's scratch files: owner-only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(prog="python -m epochal.driver")
     parser.add_argument("snapshot_dir", nargs="?", help="the job's snapshot directory")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from epochal import processes
+from epochal import files, processes
 from epochal.driver import SessionProfile
 from epochal.fence import RUN_DIR_ENV, forget_run_record
 from epochal.jobs import PROGRESS_PREFIX
@@ -86,9 +86,9 @@ class DriverProcess:
         self._cleaning = threading.Event()
         self._heartbeat = time.monotonic()
         self.log_path = log_path
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        os.makedirs(run_dir, exist_ok=True)
-        self._log: TextIO = open(log_path, "w")  # noqa: SIM115 - closed in wait()
+        files.makedirs(os.path.dirname(log_path))
+        files.makedirs(run_dir)
+        self._log: TextIO = files.open_private(log_path)  # closed in wait()
         role = ["--standby", "--keep-warm"] if keep_warm else ["--standby"]
         if job is not None:
             epoch, snapshot_dir, name = job

@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from epochal import files
 from epochal.processes import RUN_TOKEN_ENV, SUPERVISOR_PID_ENV, processes_of
 from epochal_sdk import ConfigError
 
@@ -154,10 +155,10 @@ class FaultPlan:
     def _claim(self, index: int, fault: Fault, batch: int | None = None) -> bool:
         if self.marker_dir is None:
             return True
-        os.makedirs(self.marker_dir, exist_ok=True)
+        files.makedirs(self.marker_dir)
         path = os.path.join(self.marker_dir, self._marker(index, fault))
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = files.create(path, exclusive=True)
         except FileExistsError:
             return False
         info = {

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from epochal import processes
+from epochal import files, processes
 from epochal.config import JobConfig
 from epochal.fence import Fence, read_lease
 from epochal.layout import (
@@ -396,12 +396,12 @@ class JobDirectory:
         if not self.files.local:
             return  # object stores cannot rename atomically: fenced by the checks alone
         epochs = self.layout.epochs
-        os.makedirs(epochs, exist_ok=True)
+        files.makedirs(epochs)
         source, target = self.layout.epoch_dir(old), self.layout.epoch_dir(new)
         if os.path.isdir(source) and not os.path.exists(target):
             os.rename(source, target)
         else:
-            os.makedirs(target, exist_ok=True)
+            files.makedirs(target)
         for name in os.listdir(epochs):  # left by zombies writing through moved paths
             if name != str(new):
                 shutil.rmtree(os.path.join(epochs, name), ignore_errors=True)
@@ -486,12 +486,12 @@ class JobDirectory:
         if not self.files.local:
             yield
             return
-        os.makedirs(self.path, exist_ok=True)
+        files.makedirs(self.path)
         path = os.path.join(self.path, f".{what}.lock")
         deadline = time.monotonic() + 30
         while True:
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = files.create(path, exclusive=True)
                 break
             except FileExistsError:
                 try:

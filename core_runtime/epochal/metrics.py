@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from epochal import files
 from epochal_sdk import Guarantee
 
 if TYPE_CHECKING:
@@ -124,9 +125,9 @@ def report(
     }
     try:
         pending = f"{directory}/{PENDING}"
-        os.makedirs(pending, exist_ok=True)
+        files.makedirs(pending)
         name = f"{pending}/{kind}-{part_id}-{uuid.uuid4().hex}"
-        with open(f"{name}.tmp", "w") as fh:
+        with files.open_private(f"{name}.tmp") as fh:
             json.dump(entry, fh)
         os.replace(f"{name}.tmp", f"{name}.json")
     except OSError as exc:
@@ -236,9 +237,9 @@ def load_state(job_dir: str | None) -> dict[str, Any]:
 
 
 def _write_json(path: str, value: Any) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    files.makedirs(os.path.dirname(path))
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
+    with files.open_private(tmp) as fh:
         json.dump(value, fh, sort_keys=True)
     os.replace(tmp, path)
 
@@ -472,9 +473,9 @@ def write_textfile(jobdir: JobDirectory) -> str | None:
     if directory is None:
         return None
     path = f"{directory}/{TEXTFILE}"
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
+    with files.open_private(tmp) as fh:
         fh.write(render_prometheus(jobdir))
     os.replace(tmp, path)
     return path

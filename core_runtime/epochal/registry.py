@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import pluggy
 
+from epochal import secrets
 from epochal_sdk import ConfigError, Connector
 from epochal_sdk import hookspecs as specs
 
@@ -169,5 +170,14 @@ def part_id(name: str, options: Mapping[str, str]) -> str:
         for k, v in options.items()
         if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
     }
-    digest = hashlib.sha1(json.dumps(user, sort_keys=True).encode()).hexdigest()[:10]
+    identity = secrets.without_secrets(user, declared_secrets(name))
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
     return f"{name}-{digest}"
+
+
+def declared_secrets(name: str) -> frozenset[str]:
+    """The options connector ``name`` declares secret (none for an unknown connector)."""
+    try:
+        return frozenset(getattr(type(connector(name)), "secret_options", frozenset()))
+    except Exception:  # an unknown connector: its error comes where it is built
+        return frozenset()

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from epochal import processes
+from epochal import files, processes
 from epochal.config import JobConfig
 from epochal.layout import JobLayout
 from epochal.lease import LEASE_TTL, SESSION, new_owner
@@ -121,7 +121,7 @@ def hold(
     (waiting out a live holder's TTL). Raises :class:`LeaseNotHeldError` when another driver
     keeps the job."""
     driver = driver or DriverProcess.current()
-    os.makedirs(layout.sessions, mode=0o700, exist_ok=True)
+    files.makedirs(layout.sessions)
     path = os.path.join(layout.sessions, f"{driver.key}.json")
     with _locked(path + ".lock"):
         found = _read(path)
@@ -160,9 +160,8 @@ def _holding(found: dict[str, Any]) -> Holding:
 def _start_keeper(
     layout: JobLayout, driver: DriverProcess, guarantee: Guarantee, ttl: float, path: str
 ) -> subprocess.Popen[bytes]:
-    os.makedirs(layout.logs, mode=0o700, exist_ok=True)
-    log = open(os.path.join(layout.logs, f"session-{driver.pid}.log"), "ab")  # noqa: SIM115
-    os.chmod(log.name, 0o600)
+    files.makedirs(layout.logs)
+    log = files.open_private(os.path.join(layout.logs, f"session-{driver.pid}.log"), "ab")
     argv = [
         sys.executable,
         "-m",
@@ -186,7 +185,7 @@ def _start_keeper(
 
 @contextlib.contextmanager
 def _locked(path: str) -> Any:
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, files.FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -204,8 +203,7 @@ def _read(path: str) -> dict[str, Any] | None:
 
 def _write(path: str, value: dict[str, Any]) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
+    with os.fdopen(files.create(tmp), "w") as out:
         json.dump(value, out)
     os.replace(tmp, path)
 
@@ -374,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=LEASE_TTL)
     parser.add_argument("--record", required=True)
     args = parser.parse_args(argv)
-    os.umask(0o077)
+    files.private_process()
     keeper = Keeper(
         args.snapshot_dir,
         args.job,

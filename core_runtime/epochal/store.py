@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from epochal import objectstore
+from epochal import files, objectstore
 from epochal.layout import LEASE_RECORD
 from epochal.lease import Lease
 from epochal_sdk import FencedError, SnapshotError
@@ -168,10 +168,10 @@ class SnapshotStore:
             return
         parent = path.rsplit("/", 1)[0]
         if self.local:
-            os.makedirs(parent, exist_ok=True)
+            files.makedirs(parent)
             self.check_anchor()  # the makedirs must not have re-created a moved directory
             tmp = f"{path}{_TMP}{uuid.uuid4().hex}"
-            with open(tmp, "wb") as out:
+            with os.fdopen(files.create(tmp), "wb") as out:
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())

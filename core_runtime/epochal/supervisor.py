@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from epochal import processes, restart
+from epochal import files, processes, restart
 from epochal.config import JobConfig
 from epochal.driver import SessionProfile
 from epochal.drivers import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
@@ -340,7 +340,7 @@ class Supervisor:
 
     def _link_log(self, driver: DriverProcess) -> None:
         self._launched += 1
-        os.makedirs(self.jobdir.logs, exist_ok=True)
+        files.makedirs(self.jobdir.logs)
         with contextlib.suppress(OSError):
             os.symlink(driver.log_path, f"{self.jobdir.logs}/driver-{self._launched}-pool.log")
 

@@ -44,6 +44,12 @@ class Connector:
     description: ClassVar[str] = ""
     source_class: ClassVar[type[Source] | None] = None
     sink_class: ClassVar[type[Sink] | None] = None
+    secret_options: ClassVar[frozenset[str]] = frozenset()
+    """Options whose values are secrets (passwords, keys, tokens): never written to a
+    record, a log, an error, a metric or an id, and left out of the part's identity (a
+    rotated password keeps the part's in-doubt transactions). Options named like a secret
+    (``password``, ``token``, ``*.pem``, ``sasl.*``, ...) are treated as secret anyway; a
+    secret inside a value (``scheme://user:secret@host``, ``password=...``) is masked."""
 
     def source(self, options: Options) -> Source:
         """Build the source for these options (override to choose a class by option)."""

@@ -15,7 +15,14 @@ the trip through Spark's JVM, where only the text of a Python exception is kept.
 
 
 class EpochalError(Exception):
-    """Base class of every error epochal raises on purpose."""
+    """Base class of every error epochal raises on purpose. Its message never shows a
+    secret: passwords in URLs, ``password=`` items and private keys are masked
+    (:func:`epochal_sdk.redaction.mask`)."""
+
+    def __str__(self) -> str:
+        from epochal_sdk.redaction import mask
+
+        return mask(super().__str__())
 
 
 class ConfigError(EpochalError):

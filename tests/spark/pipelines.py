@@ -82,3 +82,19 @@ def held_once(spark: Any) -> Any:
             yield frame
 
     return _to_output(_events(spark).mapInPandas(hold, "key string, value string"))
+
+
+SECRETS = ("pw-5ecret-0ne", "tok-5ecret-tw0", "url-5ecret-thr3e")
+"""What :func:`copy_with_secrets` gives its sink; the test looks for them everywhere."""
+
+
+def copy_with_secrets(spark: Any) -> Any:
+    """The copy pipeline whose sink options carry secrets three ways: an option named like
+    a secret, a ``${file:...}`` reference (EPOCHAL_TEST_TOKEN_FILE names the file), a
+    password inside a URL."""
+    return (
+        _to_output(_events(spark))
+        .option("password", SECRETS[0])
+        .option("token", "${file:" + os.environ["EPOCHAL_TEST_TOKEN_FILE"] + "}")
+        .option("endpoint", f"https://app:{SECRETS[2]}@vault.example:8200/v1")
+    )

@@ -168,6 +168,44 @@ def test_auto_restart_off_holds_for_a_failure_the_driver_would_restart_in_place(
     assert record.restarts == 0 and len(record.runs) == 1, record.runs
 
 
+def test_no_secret_reaches_a_file_a_log_an_id_or_a_command_line(
+    tmp_path: Path, map_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose sink is given secrets (an option named like one, a ``${env:...}``
+    reference, a password in a URL): no file under the snapshot directory (records, store,
+    metrics, logs) and no command line of the run's processes holds one, and every file
+    the job wrote is its owner's only."""
+    from pipelines import SECRETS
+
+    token_file = tmp_path / "token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(SECRETS[1])
+    monkeypatch.setenv("EPOCHAL_TEST_TOKEN_FILE", str(token_file))
+    config = _config(tmp_path, available_now=False, snapshot_interval=0.5)
+    job = Job.submit("secrets", "pipelines:copy_with_secrets", config, report=lambda _: None)
+    _wait(
+        lambda: len(_output(map_path)) == 200 or job.status().status.finished,
+        "the 200 records",
+    )
+    assert not job.status().status.finished, job.status().failure
+    token = str(job.status().driver.get("token"))
+    command_lines = [processes.command_line(pid) for pid in processes.processes_of(token)]
+    assert command_lines, "no process of the run found"
+    job.suspend()  # keeps the snapshots (a cancel deletes them)
+    assert job.join(120).status == JobStatus.SUSPENDED
+    assert list((tmp_path / "snapshots" / "secrets").rglob("parts/sink-*")), "no part record"
+    for line in command_lines:
+        assert not any(s.encode() in line for s in SECRETS), line[:300]
+    written = [p for p in (tmp_path / "snapshots").rglob("*") if p.is_file()]
+    assert written, "the job wrote nothing"
+    for path in written:
+        data = path.read_bytes()
+        assert not any(s.encode() in data for s in SECRETS), path
+    for path in (tmp_path / "snapshots" / "secrets").rglob("*"):
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"
+
+
 def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place(
     tmp_path: Path, map_path: str
 ) -> None:

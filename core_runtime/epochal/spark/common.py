@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.types import StructType
 
-from epochal import metrics, registry
+from epochal import metrics, registry, secrets
 from epochal.context import JobContext
 from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
 
@@ -60,23 +59,11 @@ def user_options(options: dict[str, str]) -> dict[str, str]:
     }
 
 
-SECRET_WORDS = ("password", "secret", "token", "credential", "jaas", "private")
-"""Options whose name holds one of these are never written down (the snapshot store keeps a
-part's other options for operators' tools such as ``epochal in-doubt``)."""
-
-
-def recordable_options(options: dict[str, str]) -> dict[str, str]:
-    """The connector's options without secrets: options named like a secret are left out,
-    and a password inside a URL (``scheme://user:secret@host``) or a libpq string
-    (``password=...``) is removed from the value."""
-    out = {}
-    for key, value in user_options(options).items():
-        if any(word in key.lower() for word in SECRET_WORDS):
-            continue
-        value = re.sub(r"(://[^/:@\s]*):[^@/\s]*@", r"\1@", str(value))
-        value = re.sub(r"(?i)\s*\bpassword\s*=\s*('[^']*'|\S+)", "", value).strip()
-        out[key] = value
-    return out
+def recordable_options(connector: str, options: dict[str, str]) -> dict[str, str]:
+    """The connector's options as the snapshot store keeps them for operators' tools (such
+    as ``epochal in-doubt``): secret options left out, secrets inside values masked
+    (:mod:`epochal.secrets`); ``${env:...}``/``${file:...}`` references are kept as such."""
+    return secrets.recordable(user_options(options), registry.declared_secrets(connector))
 
 
 def sdk_schema(schema: StructType) -> Schema:
@@ -137,7 +124,9 @@ class Part:
     def connector_options(self, context: ConnectorContext | None = None) -> Options:
         """The options as the connector sees them, with its context."""
         return Options(
-            self.connector, user_options(self.options), context or self.connector_context()
+            self.connector,
+            secrets.resolved(user_options(self.options)),
+            context or self.connector_context(),
         )
 
     def build_source(self, context: ConnectorContext | None = None) -> Any:

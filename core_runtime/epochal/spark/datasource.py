@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, ClassVar
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
+from epochal import files, registry
 from epochal import guarantee as guarantees
-from epochal import registry
 from epochal.context import JobContext
 from epochal.spark.common import Part, recordable_options, sdk_schema
 from epochal.spark.sinks import contract_of
@@ -88,7 +88,7 @@ class EpochalDataSource(DataSource):
             "source",
             {
                 "contract": type(source).__mro__[1].__name__,
-                "options": recordable_options(self.options),
+                "options": recordable_options(self.connector_name, self.options),
             },
         )
         if isinstance(source, ReplayableSource):
@@ -119,7 +119,10 @@ class EpochalDataSource(DataSource):
                     sink.check(fields)
                     part.record(
                         "sink",
-                        {"contract": contract.name, "options": recordable_options(self.options)},
+                        {
+                            "contract": contract.name,
+                            "options": recordable_options(self.connector_name, self.options),
+                        },
                     )
                     done = contract.start_run(part, sink)
                     if done:
@@ -182,8 +185,8 @@ def _trace(part: Part, message: str) -> None:
     directory = part.context.job_dir
     if not directory or "://" in directory:
         return
-    os.makedirs(f"{directory}/logs", exist_ok=True)
-    with open(f"{directory}/logs/protocol.log", "a") as fh:
+    files.makedirs(f"{directory}/logs")
+    with files.open_private(f"{directory}/logs/protocol.log", "a") as fh:
         fh.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {message}\n")
 
 
