@@ -49,6 +49,9 @@ class Lease:
         holder: :data:`SUPERVISOR` or :data:`SESSION`.
         pid_started: the holder process's start time in clock ticks since boot (so a reused
             pid is not taken for the holder); 0 when unknown.
+        machine: where ``pid`` means something (:func:`machine_id`: the kernel's boot and
+            the pid namespace), so that two containers with one host name (a restarted
+            driver pod) never take each other's pids for their own.
     """
 
     owner: str
@@ -61,6 +64,7 @@ class Lease:
     tokens: tuple[str, ...] = ()
     holder: str = SUPERVISOR
     pid_started: int = 0
+    machine: str = ""
     released: float | None = None
 
     @classmethod
@@ -88,6 +92,7 @@ class Lease:
             tokens=tuple(tokens),
             holder=holder,
             pid_started=processes.start_ticks(pid) or 0,
+            machine=machine_id(),
         )
 
     @classmethod
@@ -132,7 +137,7 @@ class Lease:
         """Whether the holder is known to be gone: it ran on this host and its process is not
         alive (or its pid now names another process). From another host nothing is known:
         the lease must expire."""
-        if self.host != socket.gethostname():
+        if self.host != socket.gethostname() or self.machine != machine_id():
             return False
         if not processes.alive(self.pid):
             return True
@@ -158,6 +163,19 @@ class Lease:
             f"{what} (pid {self.pid} on {self.host}, lease epoch {self.epoch}, renewed "
             f"{self.age():.0f}s ago, ttl {self.ttl:.0f}s)"
         )
+
+
+def machine_id() -> str:
+    """Where a pid names a process: the kernel's boot id and this process's pid namespace
+    (containers on one node share the boot, not the namespace); "" where /proc has
+    neither."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}"
 
 
 def new_owner() -> str:

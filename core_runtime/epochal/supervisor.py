@@ -470,6 +470,12 @@ class Supervisor:
 
 def request(jobdir: JobDirectory, what: str) -> JobRecord:
     """Ask the job to cancel or suspend. If no supervisor runs it, do it here."""
+    if not jobdir.load().target:
+        raise JobError(
+            f"job {jobdir.name!r} runs in a driver's own SparkSession (not under `epochal "
+            f"run`): nothing here can {what} it. Stop that application (and its restarter); "
+            "its lease is released when its driver ends"
+        )
     with jobdir.update() as record:
         if record.status.finished and what != "cancel":
             raise JobError(f"job {record.name!r} is {record.status.value}; nothing to {what}")

@@ -28,7 +28,7 @@ from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.session_lease import DriverProcess, LeaseNotHeldError, hold
 from epochal.status import job_status
 from epochal.store import StateMovedError
-from epochal.supervisor import Supervisor
+from epochal.supervisor import Supervisor, request
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
 from epochal_sdk import (
@@ -125,6 +125,9 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert shown["status"] == "ORPHANED" and "restarter" in shown["hint"], shown
     with pytest.raises(JobError, match="start that application again"):
         Supervisor(jobdir).run()  # `epochal jobs resume`: no pipeline function to run
+    for what in ("suspend", "cancel"):
+        with pytest.raises(JobError, match="Stop that application"):
+            request(jobdir, what)
     _, second = drivers()
     started = time.monotonic()
     successor = _context(snapshots, second)
