@@ -157,8 +157,8 @@ class Lease:
         return self.takeover_wait() > 0
 
     def describe(self) -> str:
-        """For messages: who holds it, where, since when."""
-        what = "a supervisor" if self.holder == SUPERVISOR else "a driver's own session"
+        """For messages of a refused holder: who holds it, where, since when."""
+        what = "another supervisor" if self.holder == SUPERVISOR else "another driver's own session"
         return (
             f"{what} (pid {self.pid} on {self.host}, lease epoch {self.epoch}, renewed "
             f"{self.age():.0f}s ago, ttl {self.ttl:.0f}s)"

@@ -255,8 +255,9 @@ class Keeper:
                     _write(
                         self.record,
                         {
-                            "error": f"job {self.jobdir.name!r} is run by another driver: "
-                            f"{held.lease.describe() if held.lease else held}. It keeps the "
+                            "error": f"job {self.jobdir.name!r} is run by "
+                            f"{held.lease.describe() if held.lease else 'another driver'}. "
+                            "It keeps the "
                             "job's lease, so this driver may not run the job (two drivers "
                             "of one job would both act). Stop the other driver first; one "
                             "that died without releasing the lease is taken over once its "

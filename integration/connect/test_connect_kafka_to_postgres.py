@@ -18,13 +18,13 @@ of the table sees every Kafka record exactly once, with no prepared transaction 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from epochal.context import JobContext
+from integration import kafka_to_postgres
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase
 from integration.harness.spark_connect import SparkConnectServer
@@ -36,61 +36,11 @@ PER_BATCH = 100
 CRASH = "sink.after_decision@1"
 
 
-def _produce(kafka: KafkaServer, topic: str, count: int) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer(kafka.client_config(acks="all", **{"enable.idempotence": True}))
-    failures: list[Any] = []
-    for i in range(count):
-        producer.produce(
-            topic,
-            key=f"id-{i:05d}",
-            value=f"event {i}",
-            partition=i % 3,
-            on_delivery=lambda err, _msg: failures.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0, "records still unsent after 30s"
-    assert not failures, failures
-
-
 def _start(session: Any, kafka: KafkaServer, topic: str, db: PostgresDatabase, job: dict) -> Any:
     """The client's query: plain PySpark over Spark Connect, with the job in options."""
-    events = (
-        session.readStream.format("epochal.kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", topic)
-        .option("maxRecordsPerBatch", str(PER_BATCH))
-        .options(**job)
-        .load()
+    return kafka_to_postgres.start(
+        session, kafka, topic, db, job, per_batch=PER_BATCH, trigger={"availableNow": True}
     )
-    rows = events.selectExpr("CAST(key AS STRING) AS id", "CAST(value AS STRING) AS payload")
-    return (
-        rows.writeStream.format("epochal.jdbc")
-        .option("url", db.dsn)
-        .option("table", "events")
-        .option("createTable", "true")
-        .option("mode", "transactional")
-        .options(**job)
-        .option("checkpointLocation", job["epochal.snapshotDir"] + "/checkpoint")
-        .queryName("connect_kafka_to_postgres")
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
-def _table(db: PostgresDatabase) -> Counter[str]:
-    with db.connect() as conn:
-        if conn.execute("SELECT to_regclass('events')").fetchone()[0] is None:
-            return Counter()
-        return Counter(row[0] for row in conn.execute("SELECT id FROM events"))
-
-
-def _prepared(db: PostgresDatabase) -> list[str]:
-    with db.connect() as conn:
-        rows = conn.execute(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchall()
-    return [row[0] for row in rows]
 
 
 @pytest.mark.kafka_topic(partitions=3)
@@ -102,7 +52,7 @@ def test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill(
     tmp_path: Path,
 ) -> None:
     spark_connect_server.require_faults()
-    _produce(kafka_server, kafka_topic, RECORDS)
+    kafka_to_postgres.produce(kafka_server, kafka_topic, range(RECORDS))
     job = {
         "epochal.job": "connect-eo",
         "epochal.snapshotDir": str(tmp_path / "snapshots"),
@@ -116,9 +66,9 @@ def test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill(
     spark_connect_server.wait_stopped(timeout=300)
     fired = JobContext.current(job).faults.fired()
     assert fired == [CRASH], f"the server died, but not at the crash point (fired: {fired})"
-    committed_before = _table(postgres_db)
+    committed_before = kafka_to_postgres.table(postgres_db)
     assert 0 < sum(committed_before.values()) < RECORDS, committed_before
-    assert _prepared(postgres_db), "batch 1 was decided: its transactions must be prepared"
+    assert kafka_to_postgres.prepared(postgres_db), "batch 1 was decided: it must be prepared"
 
     spark_connect_server.start()
     first.stop()  # its session died with the old server; nothing to release
@@ -129,11 +79,7 @@ def test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill(
         assert query.exception() is None, query.exception()
         print(f"restarted query finished in {time.monotonic() - started:.1f}s")
 
-    table = _table(postgres_db)
-    expected = {f"id-{i:05d}" for i in range(RECORDS)}
-    assert set(table) == expected, f"lost: {sorted(expected - set(table))[:10]}"
-    assert [key for key, n in table.items() if n > 1] == [], "duplicates in the table"
-    assert _prepared(postgres_db) == []
+    kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
 
 
 def test_register_from_a_connect_client_works_beside_the_discovered_formats(

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from epochal.jobs import JobDirectory
-from integration.connect.test_connect_kafka_to_postgres import _prepared, _produce, _table
+from integration import kafka_to_postgres
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase
 from integration.harness.spark_connect import SparkConnectServer, start_spark_connect
@@ -40,26 +40,10 @@ def _start(
     *,
     available_now: bool,
 ) -> Any:
-    events = (
-        session.readStream.format("epochal.kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", topic)
-        .option("maxRecordsPerBatch", str(PER_BATCH))
-        .options(**job)
-        .load()
-    )
-    rows = events.selectExpr("CAST(key AS STRING) AS id", "CAST(value AS STRING) AS payload")
-    writer = (
-        rows.writeStream.format("epochal.jdbc")
-        .option("url", db.dsn)
-        .option("table", "events")
-        .option("createTable", "true")
-        .option("mode", "transactional")
-        .options(**job)
-        .option("checkpointLocation", job["epochal.snapshotDir"] + "/checkpoint")
-    )
     trigger = {"availableNow": True} if available_now else {"processingTime": "500 milliseconds"}
-    return writer.trigger(**trigger).start()
+    return kafka_to_postgres.start(
+        session, kafka, topic, db, job, per_batch=PER_BATCH, trigger=trigger
+    )
 
 
 @pytest.mark.kafka_topic(partitions=3)
@@ -76,11 +60,11 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
         "epochal.snapshotDir": snapshots,
         "epochal.leaseTtl": str(LEASE_TTL),
     }
-    _produce(kafka_server, kafka_topic, RECORDS // 2)
+    kafka_to_postgres.produce(kafka_server, kafka_topic, range(RECORDS // 2))
     first = spark_connect_server.session()
     _start(first, kafka_server, kafka_topic, postgres_db, job, available_now=False)
     deadline = time.monotonic() + 180
-    while sum(_table(postgres_db).values()) < RECORDS // 2:
+    while sum(kafka_to_postgres.table(postgres_db).values()) < RECORDS // 2:
         assert time.monotonic() < deadline, "server A did not commit the first records"
         time.sleep(0.2)
     holder = JobDirectory(snapshots, "two-servers").lease()
@@ -100,7 +84,7 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
             assert waited >= LEASE_TTL - 1, f"refused after {waited:.1f}s, before A's TTL"
             assert JobDirectory(snapshots, "two-servers").lease().pid == holder.pid
 
-            _produce_more(kafka_server, kafka_topic)
+            kafka_to_postgres.produce(kafka_server, kafka_topic, range(RECORDS // 2, RECORDS))
             spark_connect_server.kill()  # server A is lost (SIGKILL)
             with contextlib.suppress(Exception):  # its session died with it
                 first.stop()
@@ -115,18 +99,4 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
 
     lease = JobDirectory(snapshots, "two-servers").lease()
     assert lease is not None and lease.epoch == 2 and lease.pid != holder.pid
-    table = _table(postgres_db)
-    expected = {f"id-{i:05d}" for i in range(RECORDS)}
-    assert set(table) == expected, f"lost: {sorted(expected - set(table))[:10]}"
-    assert [key for key, n in table.items() if n > 1] == [], "duplicates in the table"
-    assert _prepared(postgres_db) == []
-
-
-def _produce_more(kafka: KafkaServer, topic: str) -> None:
-    """The second half of the records (ids RECORDS/2 .. RECORDS-1)."""
-    from confluent_kafka import Producer
-
-    producer = Producer(kafka.client_config(acks="all", **{"enable.idempotence": True}))
-    for i in range(RECORDS // 2, RECORDS):
-        producer.produce(topic, key=f"id-{i:05d}", value=f"event {i}", partition=i % 3)
-    assert producer.flush(30) == 0
+    kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)

@@ -32,12 +32,12 @@ import os
 import random
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from epochal.jobs import JobDirectory
+from integration import kafka_to_postgres
 from integration.harness import wait_until
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase
@@ -54,36 +54,12 @@ LEASE_TTL = 8.0
 STEP = 180.0
 
 
-def _produce(kafka: KafkaServer, topic: str, ids: range) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer(kafka.client_config(acks="all", **{"enable.idempotence": True}))
-    for i in ids:
-        producer.produce(topic, key=f"id-{i:05d}", value=f"event {i}", partition=i % 3)
-    assert producer.flush(30) == 0, "records still unsent after 30s"
-
-
-def _table(db: PostgresDatabase) -> Counter[str]:
-    with db.connect() as conn:
-        if conn.execute("SELECT to_regclass('events')").fetchone()[0] is None:
-            return Counter()
-        return Counter(row[0] for row in conn.execute("SELECT id FROM events"))
-
-
-def _prepared(db: PostgresDatabase) -> list[str]:
-    with db.connect() as conn:
-        rows = conn.execute(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
-        ).fetchall()
-    return [row[0] for row in rows]
-
-
 def _rows_beyond(db: PostgresDatabase, count: int, cluster: YarnCluster, app_id: str) -> int:
     """Wait until the table holds more than ``count`` rows; the count then."""
 
     def grown() -> int | None:
         assert cluster.app_state(app_id) not in FINAL_STATES, cluster.logs(app_id)
-        now = sum(_table(db).values())
+        now = sum(kafka_to_postgres.table(db).values())
         return now if now > count else None
 
     return wait_until(
@@ -121,7 +97,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
     spec_path.touch(mode=0o600)
     spec_path.write_text(json.dumps(spec))
     third = RECORDS // 3
-    _produce(kafka_server, kafka_topic, range(third))
+    kafka_to_postgres.produce(kafka_server, kafka_topic, range(third))
     conf = {"spark.yarn.maxAppAttempts": "4"}
     for name, value in store_env.items():  # the driver's container and the executors'
         conf[f"spark.yarn.appMasterEnv.{name}"] = value
@@ -135,7 +111,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         time.sleep(rng.uniform(0.0, 1.5))  # a random moment, by design
         killed = cluster.kill_am_driver(app_id)
         cluster.wait_for_attempt(app_id, 2, STEP)
-        _produce(kafka_server, kafka_topic, range(third, 2 * third))
+        kafka_to_postgres.produce(kafka_server, kafka_topic, range(third, 2 * third))
         seen = _rows_beyond(postgres_db, seen, cluster, app_id)
         assert not process_alive(killed)
         assert jobdir.lease_epoch() == 2, jobdir.lease()
@@ -162,12 +138,12 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             cluster.resume_node(node)
-        _produce(kafka_server, kafka_topic, range(2 * third, RECORDS))
+        kafka_to_postgres.produce(kafka_server, kafka_topic, range(2 * third, RECORDS))
         wait_until(
             lambda: not any(process_alive(pid) for pid in frozen), STEP, "the old driver to stop"
         )
         wait_until(
-            lambda: sum(_table(postgres_db).values()) >= RECORDS,
+            lambda: sum(kafka_to_postgres.table(postgres_db).values()) >= RECORDS,
             STEP,
             "every record in the table",
             on_timeout=lambda: cluster.logs(app_id),
@@ -180,11 +156,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         if cluster.app_state(app_id) not in FINAL_STATES:
             cluster.kill_app(app_id)
 
-    table = _table(postgres_db)
-    expected = {f"id-{i:05d}" for i in range(RECORDS)}
-    assert set(table) == expected, f"lost: {sorted(expected - set(table))[:10]}"
-    assert [key for key, n in table.items() if n > 1] == [], "duplicates in the table"
-    assert _prepared(postgres_db) == []
+    kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
     print(f"attempts {len(cluster.attempts(app_id))}, lease epochs {jobdir.lease_epoch()}")
 
 
