@@ -293,6 +293,13 @@ class JobDirectory:
         """
         if self.files.conditional:
             return self._swap_lease(owner, ttl, force=force, holder=holder, pid=pid)
+        if not self.files.local:
+            raise JobError(
+                f"job {self.name!r}: its snapshot directory {self.snapshot_dir!r} is on a file "
+                "system where epochal cannot swap the job's lease atomically (it has no lock "
+                "and no conditional write here), so two drivers could both hold the job. Put "
+                "the snapshot directory on a local or shared POSIX path, or on s3://"
+            )
         with self._locked("lease"):
             current = self.lease()
             if current and current.owner != owner and not force:

@@ -236,7 +236,7 @@ class Keeper:
 
     def take(self) -> bool:
         """Take the lease (waiting out a live holder); False when it was not to be had."""
-        from epochal.jobs import LeaseHeldError
+        from epochal.jobs import JobError, LeaseHeldError
 
         deadline = None
         while True:
@@ -266,6 +266,9 @@ class Keeper:
                     )
                     return False
                 time.sleep(min(0.5, max(0.05, held.wait)))
+            except JobError as exc:  # no lease can be held there at all
+                _write(self.record, {"error": str(exc)})
+                return False
 
     def start_run(self) -> None:
         """A new run of the job under this epoch, in the job's record (made if missing)."""

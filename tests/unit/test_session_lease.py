@@ -8,6 +8,7 @@ process); the keeper watches it as it would a JVM, and kills it when the lease i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from epochal.jobs import JobDirectory, JobError, JobStatus
 from epochal.layout import JobLayout
 from epochal.lease import SESSION
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.session_lease import DriverProcess, LeaseNotHeldError, hold
+from epochal.session_lease import DriverProcess, Keeper, LeaseNotHeldError, hold
 from epochal.status import job_status
 from epochal.store import StateMovedError
 from epochal.supervisor import Supervisor, request
@@ -208,3 +209,21 @@ def _prepare(sink: MapSink, context: JobContext, batch: int) -> Prepared:
     task = TaskContext(context.job, SINK_ID, batch, 0, 0, SCHEMA, run=context.run)
     rows = pa.RecordBatch.from_pydict({"key": [f"k{context.run}"], "value": ["v"]})
     return prepare_transaction(sink, task, rows)
+
+
+def test_a_lease_is_refused_where_it_cannot_be_swapped_atomically(tmp_path: Path) -> None:
+    """A snapshot directory on a file system without a lock or a conditional write (here
+    pyarrow's in-memory one; HDFS, GCS through pyarrow alike) holds no lease: refused."""
+    jobdir = JobDirectory("mock:///snapshots", JOB)
+    with pytest.raises(JobError, match="cannot swap the job's lease atomically"):
+        jobdir.acquire_lease("someone")
+    keeper = Keeper(
+        "mock:///snapshots",
+        JOB,
+        DriverProcess.current(),
+        Guarantee.EXACTLY_ONCE,
+        TTL,
+        str(tmp_path / "record.json"),
+    )
+    assert not keeper.take()
+    assert "POSIX path, or on s3://" in json.loads((tmp_path / "record.json").read_text())["error"]
