@@ -234,14 +234,14 @@ class Soak:
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
     def record(self) -> Any:
-        from epochal.jobs import JobDirectory
+        from epochal.state.jobs import JobDirectory
 
         return JobDirectory(self.snapshots, JOB).load()
 
     def committed_after(self, moment: float) -> float | None:
         """When the first batch committed after ``moment`` was (None: none yet, or the
         supervisor has not submitted the job yet)."""
-        from epochal.jobs import JobError
+        from epochal.state.jobs import JobError
 
         try:
             progress = self.record().progress
@@ -271,7 +271,7 @@ class Soak:
         return wanted
 
     def kill(self, kind: str) -> Kill:
-        from epochal import processes
+        from epochal.control import processes
 
         token = str(self.record().driver.get("token") or "")
         now = time.time()
@@ -429,10 +429,10 @@ class Soak:
             self.supervisor.kill()
             self.supervisor.wait()
         with contextlib.suppress(Exception):
-            from epochal.jobs import JobDirectory
+            from epochal.state.jobs import JobDirectory
 
             lease = JobDirectory(self.snapshots, JOB).lease()
-            from epochal import processes
+            from epochal.control import processes
 
             for token in lease.tokens if lease else ():
                 processes.kill_run(str(token))

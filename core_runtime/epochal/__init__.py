@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from epochal.api import Job, list_jobs
     from epochal.config import JobConfig
-    from epochal.jobs import JobRecord, JobStatus
+    from epochal.state.jobs import JobRecord, JobStatus
     from epochal_sdk import Guarantee
 
 __all__ = ["Guarantee", "Job", "JobConfig", "JobRecord", "JobStatus", "list_jobs", "register"]
@@ -30,8 +30,8 @@ _LAZY = {
     "Job": "epochal.api",
     "list_jobs": "epochal.api",
     "JobConfig": "epochal.config",
-    "JobRecord": "epochal.jobs",
-    "JobStatus": "epochal.jobs",
+    "JobRecord": "epochal.state.jobs",
+    "JobStatus": "epochal.state.jobs",
     "Guarantee": "epochal_sdk",
 }
 

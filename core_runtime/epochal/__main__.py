@@ -5,7 +5,7 @@ on ``PATH`` (pyenv needs ``pyenv rehash``, an inactive virtual environment, ``--
 installs); ``python -m epochal`` always runs the command of the interpreter it names.
 """
 
-from epochal.cli import main
+from epochal.ops.cli import main
 
 if __name__ == "__main__":
     main()

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from epochal.config import JobConfig
-from epochal.drivers import DriverPool
-from epochal.jobs import JobDirectory, JobRecord
-from epochal.jobs import list_jobs as _list_jobs
-from epochal.supervisor import Supervisor, request, submit
-from epochal.verify import verify_job
+from epochal.control.launcher import DriverPool
+from epochal.control.supervisor import Supervisor, request, submit
+from epochal.state.checkpoint import verify_job
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.jobs import list_jobs as _list_jobs
 
 
 class Job:
@@ -41,7 +41,8 @@ class Job:
 
         ``target`` is ``"module:function"`` (or such a function): it gets a SparkSession and
         returns ``df.writeStream...`` (not started); it is called again on every restart.
-        ``pool`` gives warm drivers to start from (see :class:`epochal.drivers.DriverPool`).
+        ``pool`` gives warm drivers to start from (see
+        :class:`epochal.control.launcher.DriverPool`).
         """
         config = config or JobConfig()
         submit(name, target, config, replace=replace)

@@ -130,7 +130,7 @@ class JobConfig:
         if not str(self.snapshot_dir).strip():
             raise ConfigError("job", "snapshot_dir", "is empty", "Give a directory or a URI.")
         if self.faults:
-            from epochal.faults import FaultPlan
+            from epochal.control.fault_plan import FaultPlan
 
             FaultPlan.parse(self.faults)  # fail at submit on a typo, not in the middle of a run
 

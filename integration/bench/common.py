@@ -46,7 +46,7 @@ def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
     from pyspark.sql import SparkSession
 
     from epochal.spark.datasource import register
-    from epochal.spark.home import use_fast_spark_home
+    from epochal.startup.home import use_fast_spark_home
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     use_fast_spark_home("local[2]")  # what epochal's drivers do

@@ -60,7 +60,7 @@ from epochal_jdbc import JdbcSink
 from epochal_jdbc.copy import copy_batch
 
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal_sdk import Field, Options, Prepared, TaskContext
 from integration.bench.common import machine, quantile, rotated, spread, write_plot
 

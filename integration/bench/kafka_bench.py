@@ -436,7 +436,7 @@ def kept_producers(job_dir: str) -> tuple[int, int]:
     """How many tasks of an exactly-once query (after its first batch) used a producer their
     Python worker kept from an earlier task, out of how many wrote: the sink reports it in
     each prepared transaction, which the runtime records in its commit decisions."""
-    from epochal.store import SnapshotStore
+    from epochal.state.store import SnapshotStore
 
     store = SnapshotStore(f"{job_dir}/store")
     reused = wrote = 0

@@ -34,8 +34,8 @@ def session() -> Any:
     """A SparkSession as the benchmark's job gets one, without epochal."""
     from pyspark.sql import SparkSession
 
-    from epochal.spark.classdata import driver_java_options
-    from epochal.spark.home import use_fast_spark_home
+    from epochal.startup.classdata import driver_java_options
+    from epochal.startup.home import use_fast_spark_home
 
     use_fast_spark_home("local[2]")
     return (

@@ -26,9 +26,9 @@ from epochal_jdbc.testing import JdbcSinkUnderTest
 from epochal_kafka.testing import KafkaSourceUnderTest
 
 from epochal import Job, JobConfig, JobRecord
-from epochal.jobs import JobDirectory
-from epochal.layout import LOCAL_DIR_ENV
-from epochal.testing.kit import TEST_SPARK_CONF
+from epochal.state.jobs import JobDirectory
+from epochal.state.layout import LOCAL_DIR_ENV
+from epochal.testing.scenarios import TEST_SPARK_CONF
 from epochal_sdk import Guarantee
 from integration.cluster.pipelines import SPEC_ENV, read_markers
 from integration.harness import HarnessError, wait_until

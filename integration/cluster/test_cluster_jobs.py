@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from epochal import JobStatus
-from epochal.layout import LOCAL_DIR_ENV
+from epochal.state.layout import LOCAL_DIR_ENV
 from integration.cluster.conftest import ClusterJob, elapsed, python_env
 from integration.harness import wait_until
 from integration.harness.spark_cluster import SparkCluster

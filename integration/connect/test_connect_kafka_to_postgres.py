@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from epochal.context import JobContext
+from epochal.parts.job_context import JobContext
 from integration import kafka_to_postgres
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase

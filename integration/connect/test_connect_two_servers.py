@@ -2,7 +2,7 @@
 until the first is gone, then takes it over; exactly-once Kafka → PostgreSQL throughout.
 
 No supervisor is involved: each server's driver holds the job's lease itself
-(:mod:`epochal.session_lease`). Server A runs the query continuously. The same query started
+(:mod:`epochal.control.lease_keeper`). Server A runs the query continuously. The same query started
 on server B waits out A's lease (A keeps renewing it) and is refused with a message naming
 A. A is then killed (SIGKILL, as a lost machine): B's next start takes the job over at once
 (A's JVM is provably gone) and finishes it. An independent reader of the table sees every
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from epochal.jobs import JobDirectory
+from epochal.state.jobs import JobDirectory
 from integration import kafka_to_postgres
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epochal.spark.home import fast_spark_home
+from epochal.startup.home import fast_spark_home
 
 from ._process import (
     HOST,

@@ -14,8 +14,8 @@ import pytest
 from epochal_jdbc.testing import JdbcSinkUnderTest
 
 from epochal import Job, JobConfig, JobStatus
-from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.pipelines import SPEC_ENV
+from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map.testing import MapSourceUnderTest
 from integration.harness.plugin import PostgresDatabase
 from integration.harness.postgres import LocalPostgres, PostgresServer
@@ -73,7 +73,7 @@ def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
     source.produce(range(3000))
     sink = JdbcSinkUnderTest(postgres_db.dsn)
     _spec(monkeypatch, source, sink.options("transactional"))
-    job = Job.submit("pg-restart", "epochal.testing.pipelines:copy", _config(tmp_path))
+    job = Job.submit("pg-restart", "epochal.pipelines:copy", _config(tmp_path))
     _wait(lambda: _count(postgres_db) >= 200, 600, "the first batches to commit")
     postgres_server.stop()
     try:
@@ -116,7 +116,7 @@ def test_exactly_once_without_prepared_transactions_is_refused_unless_downgraded
     source.produce(range(100))
     sink = JdbcSinkUnderTest(no_prepared_server)
     _spec(monkeypatch, source, sink.options("transactional"))
-    refused = Job.submit("no-2pc", "epochal.testing.pipelines:copy", _config(tmp_path)).join(600)
+    refused = Job.submit("no-2pc", "epochal.pipelines:copy", _config(tmp_path)).join(600)
     assert refused.status == JobStatus.FAILED
     assert refused.restarts == 0
     assert "GuaranteeError" in refused.failure and "connector 'jdbc'" in refused.failure
@@ -125,7 +125,7 @@ def test_exactly_once_without_prepared_transactions_is_refused_unless_downgraded
 
     allowed = Job.submit(
         "no-2pc-allowed",
-        "epochal.testing.pipelines:copy",
+        "epochal.pipelines:copy",
         _config(tmp_path, allow_downgrade=True),
     ).join(600)
     assert allowed.status == JobStatus.COMPLETED, allowed.failure
@@ -141,7 +141,7 @@ def test_a_bad_record_fails_the_job_naming_table_and_batch(
     source.produce(range(300))
     sink = JdbcSinkUnderTest(postgres_db.dsn)
     _spec(monkeypatch, source, sink.options("transactional"))
-    record = Job.submit("poison", "epochal.testing.pipelines:copy", _config(tmp_path)).join(600)
+    record = Job.submit("poison", "epochal.pipelines:copy", _config(tmp_path)).join(600)
     assert record.status == JobStatus.FAILED
     assert record.restarts == 0
     assert "PoisonRecordError" in record.failure

@@ -17,9 +17,9 @@ from epochal_jms.testing import JmsQueueUnderTest, broker_config
 
 from epochal.api import Job
 from epochal.config import JobConfig
-from epochal.jobs import JobStatus
-from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.pipelines import SPEC_ENV
+from epochal.state.jobs import JobStatus
+from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map.testing import MapSinkUnderTest
 from integration.harness.jms import JmsQueue, JmsServer
 
@@ -58,7 +58,7 @@ def test_broker_restart_mid_run_is_exactly_once(
         spark_conf=dict(TEST_SPARK_CONF),
     )
     name = f"jms-restart-{uuid.uuid4().hex[:6]}"
-    job = Job.submit(name, "epochal.testing.pipelines:copy", job_config)
+    job = Job.submit(name, "epochal.pipelines:copy", job_config)
 
     def written() -> int:
         if not os.path.exists(sink.path):

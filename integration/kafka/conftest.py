@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from epochal_kafka.sink import MARKERS
+from epochal_kafka.marker import MARKERS
 from epochal_kafka.testing import KafkaSinkUnderTest, KafkaSourceUnderTest
 
 from integration.harness.kafka import KafkaServer

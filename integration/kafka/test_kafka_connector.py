@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from epochal_kafka import KafkaSink, KafkaSource
-from epochal_kafka.sink import Marker, PooledProducer, ProducerPool, last_written, superseded
+from epochal_kafka.marker import Marker, last_written, superseded
+from epochal_kafka.producers import PooledProducer, ProducerPool
 from epochal_kafka.source import DataLossError, partition_id
 from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
 

@@ -21,10 +21,11 @@ from epochal_kafka.testing import (
 
 from epochal.api import Job
 from epochal.config import JobConfig
-from epochal.jobs import JobStatus
-from epochal.testing import Case, run_case
-from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.control.fault_plan import Fault
+from epochal.pipelines import SPEC_ENV
+from epochal.state.jobs import JobStatus
+from epochal.testing import Scenario, run_case
+from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_sdk import Guarantee
 from integration.harness.kafka import KafkaServer
 
@@ -36,14 +37,15 @@ def test_kafka_aggregate_kafka_exactly_once_across_a_driver_kill(
 ) -> None:
     """Running count and sum per group in Spark state, read from and written to Kafka; the
     driver is killed after batch 2's decision. Every group's last value is exact."""
-    case = Case(
-        "sink.after_decision", Guarantee.EXACTLY_ONCE, "transactional", "aggregate", batch=2
+    fault = Fault("sink.after_decision", 2)
+    scenario = Scenario(
+        "aggregate", Guarantee.EXACTLY_ONCE, "transactional", (fault,), pipeline="aggregate"
     )
     outcome = run_case(
-        case, kafka_source, kafka_sink, str(tmp_path / "snapshots"), records=200, per_batch=50
+        scenario, kafka_source, kafka_sink, str(tmp_path / "snapshots"), records=200, per_batch=50
     )
     assert outcome.record.status == JobStatus.COMPLETED, outcome.record.failure
-    assert outcome.fired == [case.fault], str(outcome)
+    assert outcome.fired == [fault.label], str(outcome)
     assert not outcome.lost and not outcome.duplicated, str(outcome)
     assert kafka_sink.in_doubt() == []
 
@@ -78,7 +80,7 @@ def test_copy_survives_a_broker_restart_mid_run(
     )
     job = Job.submit(
         f"broker-restart-{uuid.uuid4().hex[:8]}",
-        "epochal.testing.pipelines:copy",
+        "epochal.pipelines:copy",
         config,
     )
     deadline = time.monotonic() + 300

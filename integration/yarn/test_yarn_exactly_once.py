@@ -2,7 +2,7 @@
 
 A user's application (``kafka_to_postgres_app.py``) is submitted with ``spark-submit
 --master yarn --deploy-mode cluster`` and ``spark.yarn.maxAppAttempts=4``; no supervisor
-runs. Its driver holds the job's lease itself (:mod:`epochal.session_lease`). One
+runs. Its driver holds the job's lease itself (:mod:`epochal.control.lease_keeper`). One
 application goes through both failures a YARN deployment meets:
 
 1. **The driver is killed** (SIGKILL of the ApplicationMaster's JVM, at a random moment
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.jobs import JobDirectory
+from epochal.state.jobs import JobDirectory
 from integration import kafka_to_postgres
 from integration.harness import wait_until
 from integration.harness.kafka import KafkaServer

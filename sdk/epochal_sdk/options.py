@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, TypeVar, overload
 
@@ -63,13 +62,6 @@ class Options(Mapping[str, str]):
                 raise self.options.error("end", f"{end} is before start {start}", "Swap them.")
         """
         return ConfigError(self.connector, option, problem, fix)
-
-    def _error(self, option: str, problem: str, fix: str) -> ConfigError:
-        """Deprecated: use :meth:`error`."""
-        warnings.warn(
-            "Options._error is deprecated; use Options.error", DeprecationWarning, stacklevel=2
-        )
-        return self.error(option, problem, fix)
 
     def required(self, key: str, hint: str = "") -> str:
         """The option's value; a clear error if it is missing or empty."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal import registry
+from epochal.parts import registry
 from epochal.testing import ConformanceSuite, SourceUnderTest
 from epochal.testing.broker import TestBroker
 from epochal_map.testing import MapSinkUnderTest

@@ -1,4 +1,4 @@
-"""MapSink: idempotent upserts, two-phase commit, record conversion, schema checks, plugin."""
+"""MapSink: idempotent upserts, two-phase commit, record conversion, schema checks, registration."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 
 from epochal_map import MapConnector, MapJournalSource, MapSink, MapStore, MapStoreError
-from epochal_map import plugin as map_plugin
 from epochal_sdk import (
     ConfigError,
     Field,
@@ -209,11 +208,9 @@ def test_connector_and_plugin() -> None:
     found: list[type] = []
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
-    manager.register(map_plugin)
+    manager.register(MapConnector)  # what the entry point gives: the class, its own plugin
     manager.hook.register_connectors(register=found.append)
     assert found == [MapConnector]
-    # the entry point names the connector class (it registers itself); the plugin module of
-    # earlier versions still registers it, for plugin lists that name the module
     assert [e.value for e in entry_points(group="epochal") if e.name == "map"] == [
         "epochal_map.connector:MapConnector"
     ]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal import registry
+from epochal.parts import registry
 from epochal_map import MapStore
 
 HERE = Path(__file__).parent

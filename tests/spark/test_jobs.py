@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from epochal import Job, JobConfig, JobStatus, processes
-from epochal.driver import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
-from epochal.spark.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
-from epochal.testing.kit import LOCAL, TEST_SPARK_CONF
+from epochal import Job, JobConfig, JobStatus
+from epochal.control import processes
+from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
+from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
+from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 
 pytestmark = pytest.mark.spark

@@ -1,5 +1,5 @@
 """State store files are hard-linked between a query's checkpoint and its RocksDB working
-directory, not copied (:mod:`epochal.spark.statefiles`), and the state stays right."""
+directory, not copied (:mod:`epochal.startup.statefiles`), and the state stays right."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.spark import statefiles
+from epochal.startup import statefiles
 
 pytestmark = pytest.mark.spark
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 #: local file system does with a table file and with any other file.
 SCRIPT = r"""
 import json, os, sys
-from epochal.driver import SessionProfile, spark_session
+from epochal.driver.session import SessionProfile, spark_session
 
 inputs, checkpoint, scratch = sys.argv[1:4]
 spark = spark_session(SessionProfile("local[2]"))

@@ -13,8 +13,9 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from epochal import metrics, registry
-from epochal.context import JobContext
+from epochal.ops import metrics
+from epochal.parts import registry
+from epochal.parts.job_context import JobContext
 from epochal.protocols.acking import (
     AckProtocol,
     MemoryAcks,
@@ -25,7 +26,7 @@ from epochal.protocols.acking import (
 )
 from epochal.spark.common import Part
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal.testing.broker import TestBroker, TestQueueSource
 from epochal_sdk import Guarantee, Message, Options
 

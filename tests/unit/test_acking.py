@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from epochal.protocols.acking import ID_COLUMN, AckProtocol, decode_batch
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal.testing.broker import TestBroker, TestQueueSource
 from epochal_sdk import Options
 

@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 from epochal import JobConfig
-from epochal.jobs import JobDirectory, JobRecord, JobStatus
-from epochal.lease import new_owner
-from epochal.store import put_record
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease import new_owner
+from epochal.state.store import put_record
 
 
 def _epochal(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
+        [sys.executable, "-c", "from epochal.ops.cli import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -114,7 +114,7 @@ def test_python_m_epochal_and_version() -> None:
 
 
 def test_every_option_has_help_with_its_default() -> None:
-    from epochal.cli import parser
+    from epochal.ops.cli import parser
 
     top = parser()
     commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))

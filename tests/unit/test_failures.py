@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from epochal.context import JobContext
-from epochal.failures import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE, Failure, classify
+from epochal.control.failures import Failure, classify
+from epochal.control.messages import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE
+from epochal.parts.job_context import JobContext
 from epochal.spark.datasource import _job_start_checks
 from epochal_sdk import (
     ConfigError,

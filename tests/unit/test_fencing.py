@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 
 from epochal.config import JobConfig
-from epochal.failures import FENCED, KINDS, Failure, classify, identify
-from epochal.jobs import JobDirectory, JobRecord
-from epochal.lease import new_owner
-from epochal.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
-from epochal.store import put_record
+from epochal.control.failures import FENCED, KINDS, Failure, classify, identify
+from epochal.control.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
+from epochal.state.jobs import JobDirectory, JobError, JobRecord
+from epochal.state.lease import new_owner
+from epochal.state.store import put_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WATCHDOG = """
 import os, sys, time
-from epochal.driver import LeaseWatchdog
-from epochal.jobs import JobDirectory
+from epochal.driver.guards import LeaseWatchdog
+from epochal.state.jobs import JobDirectory
 jobdir = JobDirectory(sys.argv[1], "orders")
 LeaseWatchdog(jobdir, int(sys.argv[2]), os.getppid()).start()
 print("watching", flush=True)
@@ -100,7 +100,7 @@ def test_a_driver_dies_with_its_supervisor(tmp_path: Path) -> None:
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", '''
         import os, signal, time
-        from epochal.processes import die_with_parent
+        from epochal.control.processes import die_with_parent
         assert die_with_parent(signal.SIGKILL)
         print(os.getpid(), flush=True)
         time.sleep(60)
@@ -173,7 +173,7 @@ def test_a_stopped_process_is_killed_too() -> None:
             True,
         ),
         ("epochal_sdk.errors.FencedError: this run holds lease epoch 1", True, False),
-        ("epochal.store.StateMovedError: the state directory is gone", True, False),
+        ("epochal.state.store.StateMovedError: the state directory is gone", True, False),
         ("py4j.protocol.Py4JNetworkError: Answer from Java side is empty", True, False),
         ("[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log", True, False),
         ("ZeroDivisionError: division by zero", False, False),
@@ -229,3 +229,38 @@ def test_the_lease_ttl_is_part_of_the_lease(leased: tuple[JobDirectory, str]) ->
     expired = dataclasses.replace(lease, renewed=time.time() - 5)
     put_record(jobdir.files, "lease.json", expired.to_record())
     assert jobdir.takeover_wait(jobdir.lease()) == 0
+
+
+def test_a_stale_lease_record_written_back_by_a_paused_holder_changes_nothing(
+    leased: tuple[JobDirectory, str],
+) -> None:
+    """Holder B read the lease under the lock and was paused before it wrote its renewal; the
+    lock went stale, C broke it and took the job over (epoch 2); B woke and wrote its epoch-1
+    record over C's. B stays fenced, C keeps the job and writes its own record again at its
+    next renewal, and the next take-over gets a new epoch, never C's again."""
+    zombie, zombie_owner = leased
+    stale = zombie.lease()
+    holder = JobDirectory(zombie.snapshot_dir, "orders")
+    owner = new_owner()
+    assert holder.acquire_lease(owner, force=True) == 2
+    put_record(zombie.files, "lease.json", stale.to_record())  # B's late write
+    assert zombie.lease().epoch == 1
+    assert not zombie.fence(1).holds(zombie.lease().epoch)  # B's state moved: still fenced
+    assert not zombie.renew_lease(zombie_owner, 1)
+    holder.fence(2).check("C's step while the stale record is there")
+    assert holder.renew_lease(owner, 2)  # C's own record again
+    assert holder.lease().held_by(owner, 2)
+    assert JobDirectory(zombie.snapshot_dir, "orders").acquire_lease(new_owner(), force=True) == 3
+
+
+def test_a_holder_whose_lock_was_broken_writes_nothing_and_leaves_the_new_lock(
+    leased: tuple[JobDirectory, str],
+) -> None:
+    jobdir, _ = leased
+    lock = Path(jobdir.path, ".lease.lock")
+    with jobdir._locked("lease") as still_locked:
+        still_locked()  # ours
+        lock.write_bytes(b"another holder's token")  # broken as stale and taken meanwhile
+        with pytest.raises(JobError, match="lock was taken from this process"):
+            still_locked()
+    assert lock.read_bytes() == b"another holder's token"

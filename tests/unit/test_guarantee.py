@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from epochal.guarantee import effective
+from epochal.parts.effective import effective
 from epochal_sdk import ConfigError, Guarantee, GuaranteeError
 
 G = Guarantee

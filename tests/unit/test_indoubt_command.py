@@ -1,6 +1,6 @@
 """``epochal in-doubt``: one command for every transactional sink, through the contract
 (here the map sink, a real SQLite file): list a job's in-doubt transactions with their
-decisions, settle them, refuse while the job runs; the deprecated connector-first form."""
+decisions, settle them, refuse while the job runs."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal import cli
 from epochal.config import JobConfig
-from epochal.indoubt import legacy_args, main
-from epochal.jobs import JobDirectory
+from epochal.control.supervisor import submit
+from epochal.ops import cli
+from epochal.ops.indoubt import main
 from epochal.protocols.transactions import two_phase_commit
-from epochal.supervisor import submit
+from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink, MapStore
 from epochal_sdk import ConnectorContext, Field, Options, Prepared, TaskContext
@@ -99,7 +99,7 @@ def test_sinks_the_store_does_not_record_are_found_with_their_connector(
     )
 
 
-def test_the_cli_runs_it_and_the_connector_first_form_still_works(
+def test_the_cli_runs_it(
     staged: tuple[Path, Path, Prepared, Prepared, Prepared], capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshots, _, decided, _, _ = staged
@@ -107,21 +107,3 @@ def test_the_cli_runs_it_and_the_connector_first_form_still_works(
         cli.main(["in-doubt", "list", JOB, "--snapshot-dir", str(snapshots)])
     assert done.value.code == 0
     assert decided.transaction_id in capsys.readouterr().out
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        code = main(["map", "list", "--job", JOB, "--snapshot-dir", str(snapshots)])
-    assert code == 0
-    captured = capsys.readouterr()
-    assert decided.transaction_id in captured.out and "deprecated" in captured.err
-
-
-def test_the_jdbc_tools_options_become_sink_options() -> None:
-    args = legacy_args(
-        "jdbc",
-        ["settle", "--dsn", "postgresql://h/db", "--job", "j", "--snapshot-dir", "d",
-         "--sink-id", "jdbc-1", "--marker-table", "m", "--force"],
-    )  # fmt: skip
-    assert args == [
-        "settle", "j", "--snapshot-dir", "d", "--connector", "jdbc", "--sink", "jdbc-1",
-        "--force", "-o", "url=postgresql://h/db", "-o", "markerTable=m",
-        "--default", "table=epochal_unknown",
-    ]  # fmt: skip

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from epochal import processes
 from epochal.config import JobConfig
-from epochal.context import JobContext
-from epochal.jobs import (
+from epochal.control import processes
+from epochal.control.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
+from epochal.control.supervisor import request
+from epochal.parts.job_context import JobContext
+from epochal.state.jobs import (
     JobDirectory,
     JobError,
     JobRecord,
@@ -26,15 +28,13 @@ from epochal.jobs import (
     LeaseLostError,
     list_jobs,
 )
-from epochal.lease import new_owner
-from epochal.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
-from epochal.store import StateMovedError, get_record, put_record
-from epochal.supervisor import request
+from epochal.state.lease import new_owner
+from epochal.state.store import StateMovedError, get_record, put_record
 from epochal_sdk import FencedError
 
-# `epochal.jobs` as an attribute is the `jobs()` function of epochal/__init__.py, which hides
+# `epochal.state.jobs` as an attribute is the `jobs()` function of epochal/__init__.py, which hides
 # the module (see test_the_jobs_module_is_reachable_as_an_attribute)
-JOBS = importlib.import_module("epochal.jobs")
+JOBS = importlib.import_module("epochal.state.jobs")
 
 
 @pytest.fixture
@@ -368,10 +368,10 @@ def test_lease_record_is_a_checked_record(snapshots: str) -> None:
 
 def test_the_jobs_module_is_reachable_as_an_attribute() -> None:
     import epochal
-    import epochal.jobs as jobs_module
+    import epochal.state.jobs as jobs_module
 
     assert jobs_module is JOBS
-    assert epochal.jobs.LEASE_TTL == JOBS.LEASE_TTL
+    assert epochal.state.jobs.LEASE_TTL == JOBS.LEASE_TTL
 
 
 def test_python_workers_are_the_runs_pyspark_processes_not_its_jvms() -> None:

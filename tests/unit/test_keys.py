@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from epochal.protocols.keys import KeyDigest, KeyStabilityError, check_and_record, prune
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 
 
 def digest(*batches: pa.RecordBatch, columns: tuple[str, ...] = ("key",)) -> KeyDigest:

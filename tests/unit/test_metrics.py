@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from epochal import metrics
 from epochal.config import JobConfig
-from epochal.jobs import JobDirectory
-from epochal.status import job_status, render
-from epochal.supervisor import Supervisor, submit
+from epochal.control.supervisor import Supervisor, submit
+from epochal.ops import metrics
+from epochal.ops.status import job_status, render
+from epochal.state.jobs import JobDirectory
 
 JOB = "metered"
 SINK, SOURCE = "jdbc-0011223344", "map-5566778899"

@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from epochal import jobs, layout, objectstore
 from epochal.config import JobConfig
-from epochal.fence import LEASE_RECORD, Fence, checkpoint_location, state_dir, state_location
-from epochal.jobs import JobDirectory, JobError, JobRecord, LeaseHeldError, LeaseLostError
-from epochal.lease import new_owner
-from epochal.store import (
-    Checkpoint,
+from epochal.state import jobs, layout, objectstore
+from epochal.state.checkpoint import Checkpoint, verify_job
+from epochal.state.fence import LEASE_RECORD, Fence, checkpoint_location, state_dir, state_location
+from epochal.state.jobs import JobDirectory, JobError, JobRecord, LeaseHeldError, LeaseLostError
+from epochal.state.lease import new_owner
+from epochal.state.store import (
     EntryExistsError,
     RecordChangedError,
     SnapshotStore,
@@ -38,7 +38,6 @@ from epochal.store import (
     put_record,
     put_versioned_record,
 )
-from epochal.verify import verify_job
 from epochal_sdk import ConfigError, FencedError, SnapshotError
 from integration.harness import HarnessError, PrerequisiteError
 from integration.harness.s3 import S3Bucket, S3Server, new_bucket, start_s3
@@ -436,7 +435,7 @@ def test_jobs_are_listed_and_cancelled_on_s3(root: str, s3_bucket: S3Bucket) -> 
 
 def _cursor_case(job_path: str, put: Callable[[str, bytes], None]) -> None:
     """The acknowledging source's view of Spark's commit log, on any file system."""
-    from epochal.context import JobContext
+    from epochal.parts.job_context import JobContext
     from epochal.spark.common import Part
     from epochal.spark.sources import CommitLogCursor
 

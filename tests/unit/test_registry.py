@@ -8,7 +8,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from epochal import registry
+from epochal.parts import registry
 from epochal.testing import broker
 from epochal_map import MapConnector
 from epochal_sdk import ConfigError
@@ -43,7 +43,7 @@ def test_a_connector_is_loaded_without_importing_the_others() -> None:
     import sys
 
     code = (
-        "import sys; from epochal import registry; registry.connector('map'); "
+        "import sys; from epochal.parts import registry; registry.connector('map'); "
         "print(sorted(m for m in sys.modules if m.startswith('epochal_') and '.' not in m))"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != registry.EXTRA_PLUGINS_ENV}

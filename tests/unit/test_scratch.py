@@ -1,4 +1,4 @@
-"""The scratch directories of driver runs (:func:`epochal.processes.scratch_dir`): what a
+"""The scratch directories of driver runs (:func:`epochal.control.processes.scratch_dir`): what a
 killed driver leaves in its temporary directory goes with the run.
 
 The end-to-end half (a SIGKILLed driver's JVM wrote there, and its supervisor removed it) is
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal import processes
+from epochal.control import processes
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_an_ended_run_scratch_directory_is_removed(temporary_directory: Path) ->
 
 
 def test_a_closed_driver_pool_removes_the_directory_it_made(temporary_directory: Path) -> None:
-    from epochal.drivers import DriverPool
+    from epochal.control.launcher import DriverPool
 
     made = DriverPool()
     Path(made.directory, "driver-1.log").write_text("a waiting driver's log")

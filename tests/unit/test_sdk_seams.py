@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pluggy
 import pytest
 
-from epochal import registry
+from epochal.parts import registry
 from epochal.protocols.transactions import ScopedSink, call_in_doubt, in_doubt
 from epochal_map import MapConnector
 from epochal_sdk import (
@@ -213,13 +213,11 @@ def test_the_protocol_side_tells_recovery_from_one_batch_and_counts() -> None:
 
 
 # -- options, schema, errors ---------------------------------------------------------------------
-def test_options_error_is_public_and_the_old_name_warns() -> None:
+def test_options_error_names_the_connector_the_option_and_the_fix() -> None:
     options = Options("mine", {"a": "1"})
     error = options.error("a", "is odd", "Give an even number.")
     assert isinstance(error, ConfigError)
     assert str(error) == "mine: option 'a': is odd. Give an even number."
-    with pytest.warns(DeprecationWarning, match="Options.error"):
-        assert str(options._error("a", "x", "y")) == str(options.error("a", "x", "y"))
 
 
 def test_int_with_a_default_is_an_int() -> None:
@@ -267,15 +265,6 @@ def test_a_connector_class_named_by_an_entry_point_registers_itself() -> None:
     found = registry.connectors(manager)
     assert found == {"lines": LinesConnector, "map": MapConnector}
     assert LinesConnector.contracts() == ["ReplayableSource"]
-
-
-def test_a_plugin_module_that_imports_connector_classes_registers_each_once() -> None:
-    import epochal_map.plugin as module
-
-    manager = pluggy.PluginManager(specs.PROJECT)
-    manager.add_hookspecs(specs)
-    manager.register(module, name="map")
-    assert registry.connectors(manager) == {"map": MapConnector}
 
 
 def test_idempotent_only_sinks_need_not_know_the_scope() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from epochal import registry, secrets
-from epochal.context import JobContext
+from epochal.parts import registry, secrets
+from epochal.parts.job_context import JobContext
 from epochal.spark.common import Part, recordable_options
 from epochal_sdk import ConfigError, Connector
 
@@ -107,7 +107,7 @@ def test_references_are_resolved_for_the_connector_and_recorded_as_references(
 def test_what_the_store_writes_is_its_owners_only(tmp_path: Path) -> None:
     """Entries, records and the directories they create: 0600 and 0700, whatever the
     process's umask."""
-    from epochal.store import SnapshotStore, put_record
+    from epochal.state.store import SnapshotStore, put_record
 
     old = os.umask(0o022)
     try:

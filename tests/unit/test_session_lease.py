@@ -20,16 +20,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal import processes
-from epochal.context import JobContext
-from epochal.jobs import JobDirectory, JobError, JobStatus
-from epochal.layout import JobLayout
-from epochal.lease import SESSION
+from epochal.control import processes
+from epochal.control.lease_keeper import DriverProcess, Keeper, LeaseNotHeldError, hold
+from epochal.control.supervisor import Supervisor, request
+from epochal.ops.status import job_status
+from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.session_lease import DriverProcess, Keeper, LeaseNotHeldError, hold
-from epochal.status import job_status
-from epochal.store import StateMovedError
-from epochal.supervisor import Supervisor, request
+from epochal.state.jobs import JobDirectory, JobError, JobStatus
+from epochal.state.layout import JobLayout
+from epochal.state.lease import SESSION
+from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
 from epochal_sdk import (

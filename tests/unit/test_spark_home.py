@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.spark import home
+from epochal.startup import home
 
 
 def test_the_fast_home_has_everything_but_the_source_zips(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_python_workers_import_pyspark_compiled(tmp_path: Path) -> None:
     package, not from Spark's source zip (fails if the fast home is not used)."""
     code = (
         "import pyspark\n"
-        "from epochal.driver import SessionProfile, spark_session\n"
+        "from epochal.driver.session import SessionProfile, spark_session\n"
         "spark = spark_session(SessionProfile('local[1]'))\n"
         "where = spark.sparkContext.parallelize([0], 1).map(\n"
         "    lambda _: __import__('pyspark').__file__).collect()[0]\n"
@@ -66,7 +66,7 @@ def test_python_workers_import_pyspark_compiled(tmp_path: Path) -> None:
 def test_driver_options_name_the_class_data_archive_when_there_is_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from epochal.spark import classdata
+    from epochal.startup import classdata
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(classdata.SWITCH_ENV, raising=False)
@@ -90,7 +90,7 @@ def test_driver_options_name_the_class_data_archive_when_there_is_one(
 def test_a_killed_dump_leaves_no_partial_archive_behind(tmp_path: Path) -> None:
     """A dump killed half-way leaves ``<archive>.<pid>.partial`` (about 130 MB); the next
     prepare deletes those of dead processes and keeps one a live process is writing."""
-    from epochal.spark import classdata
+    from epochal.startup import classdata
 
     dead = tmp_path / "spark-driver-ab.jsa.999999999.partial"  # above any Linux pid
     live = tmp_path / f"spark-driver-ab.jsa.{os.getpid()}.partial"
@@ -105,12 +105,12 @@ def test_a_killed_dump_leaves_no_partial_archive_behind(tmp_path: Path) -> None:
 def test_a_driver_jvm_maps_the_class_data_archive() -> None:
     """After ``epochal prepare``, a driver's JVM starts from the archive (it is mapped into
     its memory); without the mechanism it is not."""
-    from epochal.spark import classdata
+    from epochal.startup import classdata
 
     archive = classdata.prepare(report=lambda line: None)
     assert archive is not None, "no class-data archive could be made"
     code = (
-        "from epochal.driver import SessionProfile, spark_session\n"
+        "from epochal.driver.session import SessionProfile, spark_session\n"
         "spark = spark_session(SessionProfile('local[1]'))\n"
         "pid = spark.sparkContext._gateway.proc.pid\n"
         "maps = open(f'/proc/{pid}/maps').read()\n"
@@ -127,7 +127,7 @@ def test_a_driver_jvm_maps_the_class_data_archive() -> None:
 def test_the_fast_home_has_every_pyspark_jar_and_the_state_file_system(tmp_path: Path) -> None:
     """Its jars/ links each of PySpark's jars and adds the linking file system (built with
     javac, which this project's machines have: a missing JDK would fail this test)."""
-    from epochal.spark import statefiles
+    from epochal.startup import statefiles
 
     package = home.package_home()
     assert package is not None
@@ -141,7 +141,7 @@ def test_the_fast_home_has_every_pyspark_jar_and_the_state_file_system(tmp_path:
 def test_state_files_are_linked_only_where_every_jvm_has_the_jar(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from epochal.spark import statefiles
+    from epochal.startup import statefiles
 
     with_jar, without = tmp_path / "with", tmp_path / "without"
     (with_jar / "jars").mkdir(parents=True)
@@ -167,7 +167,7 @@ def test_a_jar_rebuilt_under_its_name_gets_a_new_archive(
     """A JVM refuses an archive whose class path jars changed size or time (the fast home's
     own jar is rebuilt when the home is made again): the archive's name must change too, or
     ``prepare`` would keep an archive no driver can map."""
-    from epochal.spark import classdata
+    from epochal.startup import classdata
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     spark_home = tmp_path / "home"

@@ -10,8 +10,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from epochal import registry
-from epochal.context import JobContext
+from epochal.parts import registry
+from epochal.parts.job_context import JobContext
 from epochal.spark.common import Part
 from epochal.spark.sources import ReplayableReader
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.store import (
+from epochal.state.store import (
     MAGIC,
     EntryExistsError,
     SnapshotStore,

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from epochal.config import JobConfig
-from epochal.context import JobContext
-from epochal.fence import LEASE_RECORD
-from epochal.jobs import JobDirectory, JobRecord
-from epochal.lease import new_owner
+from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
-from epochal.store import SnapshotStore, put_record
+from epochal.state.fence import LEASE_RECORD
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.lease import new_owner
+from epochal.state.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink
 from epochal_map.store import MapStore

@@ -18,7 +18,7 @@ older than the window is passed on and logged loudly, never dropped or passed si
 At-least-once, batches stay in the driver's memory and travel to the tasks inside the plan;
 a replay after a restart finds nothing, and the broker redelivers what was not acknowledged.
 
-Fencing (see :mod:`epochal.fence`): a stored batch is handed to Spark only if the fence still
+Fencing (see :mod:`epochal.state.fence`): a stored batch is handed to Spark only if the fence still
 holds after it was stored, and acknowledgements are sent only after a fence check (in both
 modes), so a driver that lost the job's lease neither plans nor acknowledges anything. Crash
 points: ``ack_source.after_store`` (exactly-once), ``ack_source.before_ack`` and
@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal_sdk import AcknowledgingSource, Message
 
 log = logging.getLogger("epochal.ack")
@@ -122,7 +122,7 @@ def read_batch(
 
 
 class _Measured:
-    """What a protocol measured since the reader last reported (see :mod:`epochal.metrics`)."""
+    """What a protocol measured since the reader last reported (see :mod:`epochal.ops.metrics`)."""
 
     def __init__(self) -> None:
         self.measured: dict[str, float] = {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal_sdk import EpochalError
 
 _MASK = (1 << 64) - 1

@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 from epochal.protocols.two_phase import FenceCheck, Step, TwoPhaseCommit
-from epochal.store import SnapshotStore
+from epochal.state.store import SnapshotStore
 from epochal_sdk import Prepared, RecoveryScope, TransactionalSink, transaction_prefix
 
 

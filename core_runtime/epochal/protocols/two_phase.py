@@ -13,7 +13,7 @@ Recovery (:meth:`TwoPhaseCommit.recover`, at the start of every run, before any 
 every decided batch, roll back every other in-doubt transaction of earlier runs. A replayed
 batch that was already decided writes nothing (:meth:`is_decided` is checked by the tasks).
 
-Fencing (see :mod:`epochal.fence`): the fence is checked before a decision, after it is
+Fencing (see :mod:`epochal.state.fence`): the fence is checked before a decision, after it is
 recorded, before phase 2 and before recovery rolls anything back; a run only ever rolls back
 transactions of its own or earlier runs (the run is part of every transaction id), so a
 zombie can never undo what a newer run prepared.
@@ -22,13 +22,21 @@ zombie can never undo what a newer run prepared.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from epochal.store import EntryExistsError, SnapshotStore
+from epochal.state.store import EntryExistsError, SnapshotStore
 from epochal_sdk import Prepared, TransactionalSink, TransactionId
 
 log = logging.getLogger("epochal.2pc")
+
+SINKS = "sinks"
+"""The snapshot store's directory of sink records: ``sinks/<id>/decisions/<batch>`` (the
+commit decision), ``sinks/<id>/done/<batch>`` (phase 2 finished)."""
+RECOVERY_LOOKBACK = 50
+"""How many of the last decided batches recovery looks at for decided transactions that are
+still in doubt (a decision older than that was completed by an earlier recovery)."""
 
 Step = Callable[[str, int], None]
 FenceCheck = Callable[[str], None]
@@ -91,10 +99,34 @@ class TwoPhaseCommit:
         self.lease_epoch = lease_epoch
 
     def _decision_key(self, batch: int) -> str:
-        return f"sinks/{self.sink_id}/decisions/{batch:012d}"
+        return f"{self._decisions}/{batch:012d}"
 
     def _done_key(self, batch: int) -> str:
-        return f"sinks/{self.sink_id}/done/{batch:012d}"
+        return f"{self._done}/{batch:012d}"
+
+    @property
+    def _decisions(self) -> str:
+        return f"{SINKS}/{self.sink_id}/decisions"
+
+    @property
+    def _done(self) -> str:
+        return f"{SINKS}/{self.sink_id}/done"
+
+    def decided_batches(self) -> list[int]:
+        """Every batch with a recorded decision, oldest first."""
+        return [int(key.rsplit("/", 1)[1]) for key in self._store().list(self._decisions)]
+
+    def done_batches(self) -> set[int]:
+        """The batches whose phase 2 finished."""
+        return {int(key.rsplit("/", 1)[1]) for key in self._store().list(self._done)}
+
+    def decided_ids(self, last: int | None = None) -> set[str]:
+        """The transaction ids of every decision (of the ``last`` decided batches only)."""
+        batches = self.decided_batches()
+        ids: set[str] = set()
+        for batch in batches[-last:] if last else batches:
+            ids |= {p.transaction_id for p in self.decision(batch)}
+        return ids
 
     def _store(self) -> SnapshotStore:
         if self.store is None:
@@ -188,17 +220,13 @@ class TwoPhaseCommit:
             for stray in strays:
                 self.sink.rollback(stray)
             return RecoveryReport([], [s.transaction_id for s in strays])
-        decided_keys = self.store.list(f"sinks/{self.sink_id}/decisions")
-        done = {k.rsplit("/", 1)[1] for k in self.store.list(f"sinks/{self.sink_id}/done")}
+        done = self.done_batches()
         completed = []
-        decided_ids: set[str] = set()
-        for key in decided_keys:
-            batch = int(key.rsplit("/", 1)[1])
-            if key.rsplit("/", 1)[1] not in done:
+        for batch in self.decided_batches():
+            if batch not in done:
                 self.complete(batch)
                 completed.append(batch)
-        for key in decided_keys[-50:]:
-            decided_ids |= {p.transaction_id for p in self.decision(int(key.rsplit("/", 1)[1]))}
+        decided_ids = self.decided_ids(last=RECOVERY_LOOKBACK)
         in_doubt = self._in_doubt(up_to_run=earlier)
         self.fence("recovery: rolling back undecided transactions")
         rolled_back = []
@@ -213,11 +241,10 @@ class TwoPhaseCommit:
     def prune(self, keep_after: int) -> None:
         """Forget the records of done batches before ``keep_after``."""
         store = self._store()
-        for key in store.list(f"sinks/{self.sink_id}/done"):
-            batch = int(key.rsplit("/", 1)[1])
+        for batch in sorted(self.done_batches()):
             if batch < keep_after:
                 store.delete(self._decision_key(batch))
-                store.delete(key)
+                store.delete(self._done_key(batch))
 
     def _in_doubt(self, batch: int | None = None, up_to_run: int | None = None) -> list[Prepared]:
         """This sink's in-doubt transactions (of one batch, of runs up to ``up_to_run``):
@@ -233,6 +260,14 @@ class TwoPhaseCommit:
                 continue
             found.append(prepared)
         return found
+
+
+def recorded_decisions(store: SnapshotStore) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """Every commit decision in a run's snapshot store: (sink id, batch, the record: its
+    transactions, the lease epoch and the run that decided)."""
+    for sink_id in store.list_dirs(SINKS):
+        for key in store.list(f"{SINKS}/{sink_id}/decisions"):
+            yield sink_id, int(key.rsplit("/", 1)[1]), store.read_json(key)
 
 
 def batches_of(prepared: Iterable[Prepared]) -> set[int]:

@@ -11,8 +11,10 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from epochal import metrics, registry, secrets
-from epochal.context import JobContext
+from epochal.ops import metrics
+from epochal.parts import registry, secrets
+from epochal.parts.job_context import JobContext
+from epochal.parts.records import PartRecord
 from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
 
 log = logging.getLogger("epochal.spark")
@@ -62,7 +64,7 @@ def user_options(options: dict[str, str]) -> dict[str, str]:
 def recordable_options(connector: str, options: dict[str, str]) -> dict[str, str]:
     """The connector's options as the snapshot store keeps them for operators' tools (such
     as ``epochal in-doubt``): secret options left out, secrets inside values masked
-    (:mod:`epochal.secrets`); ``${env:...}``/``${file:...}`` references are kept as such."""
+    (:mod:`epochal.parts.secrets`); ``${env:...}``/``${file:...}`` references are kept as such."""
     return secrets.recordable(user_options(options), registry.declared_secrets(connector))
 
 
@@ -112,7 +114,7 @@ class Part:
         if known or not location:
             return known
         try:
-            from epochal.store import Checkpoint
+            from epochal.state.checkpoint import Checkpoint
 
             data = Checkpoint(location).read("metadata")
             known = str(json.loads(data.decode()).get("id", "")) if data else ""
@@ -151,15 +153,20 @@ class Part:
             task_side=task_side,
         )
 
-    def record(self, kind: str, extra: dict[str, Any]) -> None:
-        """Note the part and its effective guarantee in the job's store (for status)."""
+    def record(self, kind: str, contract: str, reason: str = "") -> None:
+        """Note the part, its contract and its effective guarantee in the run's store, for
+        status, metrics and ``epochal in-doubt`` (:class:`~epochal.parts.records.PartRecord`)."""
         if not self.context.job_dir:
             return
-        store = self.context.store(self.connector)
-        store.write_json(
-            f"parts/{kind}-{self.part_id}",
-            {"kind": kind, "connector": self.connector, "guarantee": self.guarantee.label, **extra},
-        )
+        PartRecord(
+            kind,
+            self.part_id,
+            self.connector,
+            self.guarantee.label,
+            contract,
+            recordable_options(self.connector, self.options),
+            reason,
+        ).write(self.context.store(self.connector))
 
 
 STEP_NOTE = "epochal step:"

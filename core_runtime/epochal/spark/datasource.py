@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, ClassVar
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from epochal import files, registry
-from epochal import guarantee as guarantees
-from epochal.context import JobContext
-from epochal.spark.common import Part, recordable_options, sdk_schema
+from epochal.parts import registry
+from epochal.parts.effective import effective
+from epochal.parts.job_context import JobContext
+from epochal.spark.common import Part, sdk_schema
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
+from epochal.state import files
 from epochal_sdk import AcknowledgingSource, ReplayableSource, Sink, Source
 from epochal_sdk.errors import STARTING_ENV
 
@@ -74,7 +75,7 @@ class EpochalDataSource(DataSource):
             source = part.build_source()
             try:
                 source.check()
-                part.guarantee = guarantees.effective(
+                part.guarantee = effective(
                     self.context.guarantee,
                     source.max_guarantee(),
                     part=f"source {part.label}",
@@ -84,13 +85,7 @@ class EpochalDataSource(DataSource):
                 )
             finally:
                 source.close()
-        part.record(
-            "source",
-            {
-                "contract": type(source).__mro__[1].__name__,
-                "options": recordable_options(self.connector_name, self.options),
-            },
-        )
+        part.record("source", source_contract(source), _reason(source))
         if isinstance(source, ReplayableSource):
             return ReplayableReader(part, schema)
         if isinstance(source, AcknowledgingSource):
@@ -106,7 +101,7 @@ class EpochalDataSource(DataSource):
             sink = part.build_sink()
             try:
                 contract = contract_of(part, sink)
-                part.guarantee = guarantees.effective(
+                part.guarantee = effective(
                     self.context.guarantee,
                     sink.max_guarantee(),
                     part=f"sink {part.label}",
@@ -117,13 +112,7 @@ class EpochalDataSource(DataSource):
                 if first_plan:
                     _trace(part, f"planning {part.label} (run {part.context.run})")
                     sink.check(fields)
-                    part.record(
-                        "sink",
-                        {
-                            "contract": contract.name,
-                            "options": recordable_options(self.connector_name, self.options),
-                        },
-                    )
+                    part.record("sink", contract.name, _reason(sink))
                     done = contract.start_run(part, sink)
                     if done:
                         _trace(
@@ -153,6 +142,15 @@ def _job_start_checks(context: JobContext, first_plan: bool = True) -> Iterator[
             os.environ.pop(STARTING_ENV, None)
         else:
             os.environ[STARTING_ENV] = previous
+
+
+def source_contract(source: Source) -> str:
+    """The source contract ``source`` implements (``ReplayableSource`` or
+    ``AcknowledgingSource``), whatever base classes lie between."""
+    for contract in (ReplayableSource, AcknowledgingSource):
+        if isinstance(source, contract):
+            return contract.__name__
+    raise TypeError(f"{type(source).__name__} implements no source contract")
 
 
 def _reason(part: Source | Sink) -> str:

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from epochal import metrics
+from epochal.ops import metrics
 from epochal.protocols import keys
 from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit

@@ -19,10 +19,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from epochal import metrics
+from epochal.ops import metrics
 from epochal.protocols.acking import AckProtocol, MemoryAcks, read_batch
 from epochal.spark.common import Part, SparkTask, protocol_step
-from epochal.store import Checkpoint
+from epochal.state.checkpoint import Checkpoint
 from epochal_sdk import AcknowledgingSource, Guarantee, ReplayableSource, Split
 
 log = logging.getLogger("epochal.source")
@@ -206,11 +206,6 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.info("%s: dedupe window %s", self.part.label, protocol.stats.as_dict())
             self._acks = protocol
         return self._acks
-
-    @property
-    def protocol(self) -> AckProtocol | MemoryAcks:
-        """The protocol (the name of earlier versions)."""
-        return self.acks
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read until a receive comes back empty."""

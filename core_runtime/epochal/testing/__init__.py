@@ -1,5 +1,10 @@
 """epochal.testing: the conformance kit (a pytest plugin) for connector packages.
 
+The suite (:mod:`~epochal.testing.suite`), the catalogue of crash points and the coverage
+table (:mod:`~epochal.testing.points`), the scenario runner
+(:mod:`~epochal.testing.scenarios`), the outside failures with and without a supervisor
+(:mod:`~epochal.testing.real_failures`, :mod:`~epochal.testing.session_failures`).
+
 Example (a connector's tests)::
 
     from epochal.testing import ConformanceSuite, SinkUnderTest
@@ -16,19 +21,11 @@ Example (a connector's tests)::
             return epochal_map_source
 """
 
-from epochal.testing.kit import (
-    Case,
-    ConformanceSuite,
-    Outcome,
-    Scenario,
-    SinkUnderTest,
-    SourceUnderTest,
-    run_case,
-)
+from epochal.testing.scenarios import Outcome, Scenario, run_case
+from epochal.testing.suite import ConformanceSuite, SinkUnderTest, SourceUnderTest
 from epochal.testing.transactions import prepare_transaction
 
 __all__ = [
-    "Case",
     "ConformanceSuite",
     "Outcome",
     "Scenario",

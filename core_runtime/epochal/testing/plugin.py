@@ -1,6 +1,6 @@
 """The pytest plugin of the conformance kit (loaded through the ``pytest11`` entry point).
 
-It parametrizes :class:`~epochal.testing.kit.ConformanceSuite` subclasses with their
+It parametrizes :class:`~epochal.testing.suite.ConformanceSuite` subclasses with their
 scenarios, marks them ``conformance`` and ``spark``, keeps warm drivers for them
 (``epochal_driver_pool``), prints a one-line summary per scenario with ``-v`` (faults fired,
 runs, restarts, lost, duplicated), and at the end of the session a coverage table: every
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from epochal.drivers import DriverPool, use_pool
-from epochal.testing.kit import EXPECTED, ConformanceSuite, coverage_rows
+from epochal.control.launcher import DriverPool, use_pool
+from epochal.testing.points import EXPECTED, coverage_rows
+from epochal.testing.suite import ConformanceSuite
 
 POOL_ENV = "EPOCHAL_KIT_POOL"
 """``0`` turns the kit's warm drivers off (every scenario starts its drivers cold)."""

@@ -6,7 +6,7 @@ the query failed: an outside restarter (the kit, standing for YARN or a restart 
 starts it again until it succeeds.
 
 ``python -m epochal.testing.session_app CHECKPOINT`` with the kit's spec in
-``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.testing.pipelines`).
+``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.pipelines`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.pipelines import SPEC_ENV
 
 MASTER = "local[2,4]"
 """Two cores, and a failed task is retried (as the kit's supervised scenarios run)."""
@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     checkpoint = args[0]
     spec = json.loads(os.environ[SPEC_ENV])
-    from epochal.driver import SessionProfile, spark_session
+    from epochal import pipelines
+    from epochal.driver.session import SessionProfile, spark_session
     from epochal.spark.datasource import register
-    from epochal.testing import pipelines
-    from epochal.testing.kit import TEST_SPARK_CONF
+    from epochal.testing.scenarios import TEST_SPARK_CONF
 
     spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))
     register(spark)

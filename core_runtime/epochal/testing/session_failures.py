@@ -28,17 +28,12 @@ import sys
 import time
 from typing import Any
 
-from epochal import processes
-from epochal.faults import FaultPlan
-from epochal.jobs import JobDirectory, JobRecord, JobStatus
-from epochal.testing.kit import (
-    KIT_LEASE_TTL,
-    Scenario,
-    _driver_log_tail,
-    _wait_for,
-    check_zombie_wrote_nothing,
-)
-from epochal.testing.pipelines import SPEC_ENV
+from epochal.control import processes
+from epochal.control.fault_plan import FaultPlan
+from epochal.pipelines import SPEC_ENV
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.testing.real_failures import check_zombie_wrote_nothing
+from epochal.testing.scenarios import KIT_LEASE_TTL, Scenario, driver_log_tail, wait_for
 
 APP_MODULE = "epochal.testing.session_app"
 MAX_STARTS = 12
@@ -82,12 +77,12 @@ class SessionFailures:
     def _run(self, notes: list[str]) -> JobRecord:
         kill, pause = self.scenario.faults
         first, _ = self._start("a")
-        _wait_for(lambda: first.poll() is not None, "driver A to be killed by its fault", 300)
+        wait_for(lambda: first.poll() is not None, "driver A to be killed by its fault", 300)
         assert first.returncode == -signal.SIGKILL, f"driver A ended with {first.returncode}"
         assert self.plan.fired() == [kill.label], self.plan.fired()
 
         second, zombie_token = self._start("b")
-        _wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
+        wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
         assert zombie["token"] == zombie_token, "the pause fired in another driver than B"
         lease = self.jobdir.lease()
@@ -95,7 +90,7 @@ class SessionFailures:
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         committed = self._commits()
         third, third_token = self._start("c")
-        _wait_for(
+        wait_for(
             lambda: self._commits() > committed or third.poll() is not None,
             "driver C to take over and commit a batch",
             300,
@@ -113,7 +108,7 @@ class SessionFailures:
         notes.append(f"session take-over {waited:.1f}s after the zombie's last renewal")
         processes.signal_run(zombie_token, signal.SIGCONT)
         resumed = time.monotonic()
-        _wait_for(
+        wait_for(
             lambda: second.poll() is not None and not processes.processes_of(zombie_token),
             "the zombie driver to be stopped by its lease keeper",
             60,
@@ -173,7 +168,7 @@ class SessionFailures:
         for kind in kinds:
             committed = self._commits()
             with contextlib.suppress(AssertionError):
-                _wait_for(
+                wait_for(
                     lambda a=app, c=committed: a.poll() is not None or self._commits() > c,
                     "another committed batch",
                     120,
@@ -195,7 +190,7 @@ class SessionFailures:
             done += 1
         assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
         while True:
-            _wait_for(lambda a=app: a.poll() is not None, "the application to end", 600)
+            wait_for(lambda a=app: a.poll() is not None, "the application to end", 600)
             if app.returncode == 0:
                 return app
             app, token = self._restarted(app, token)
@@ -218,6 +213,6 @@ class SessionFailures:
 
     def _logs(self) -> str:
         tags = [chr(ord("a") + i) for i in range(len(self.apps))]
-        return "\n".join(f"--- app {t}\n{self._log(t)}" for t in tags[-2:]) + _driver_log_tail(
+        return "\n".join(f"--- app {t}\n{self._log(t)}" for t in tags[-2:]) + driver_log_tail(
             self.jobdir.logs
         )

@@ -1,0 +1,131 @@
+"""The sink's records: the columns it writes (:data:`COLUMN_TYPES`) and
+:class:`RecordProducing`, which turns Arrow record batches into produce calls (topic,
+partition, headers) and collects delivery errors, for both the transaction and the
+at-least-once writer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaException, Producer
+
+from epochal_kafka.common import is_transient
+from epochal_sdk import PoisonRecordError, RestartableError
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from epochal_kafka.sink import KafkaSink
+
+COLUMN_TYPES = {
+    "value": ("string", "binary"),
+    "key": ("string", "binary"),
+    "topic": ("string",),
+    "partition": ("int", "bigint", "smallint", "tinyint"),
+    "headers": (
+        "array<struct<key:string,value:binary>>",
+        "array<struct<key:string,value:string>>",
+        "map<string,binary>",
+        "map<string,string>",
+    ),
+}
+"""The columns the sink writes and the Spark SQL type names (without spaces) each may have."""
+
+
+class RecordProducing:
+    """Turns Arrow batches into produce calls and collects delivery errors (the base of a
+    task's :class:`~epochal_kafka.transaction.KafkaTransaction` and
+    :class:`~epochal_kafka.writer.KafkaWriter`)."""
+
+    def __init__(self, sink: KafkaSink) -> None:
+        self.sink = sink
+        self.producer: Producer | None = None
+        self.rows = 0
+        self.errors: list[Any] = []
+
+    def _on_delivery(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append((error, message.topic(), message.partition()))
+
+    def _raise_delivery_errors(self) -> None:
+        if not self.errors:
+            return
+        error, topic, partition = self.errors[0]
+        text = (
+            f"kafka sink: {len(self.errors)} record(s) were not delivered; first to "
+            f"{topic}[{partition}]: {error}"
+        )
+        if is_transient(error):
+            raise RestartableError(text)
+        raise RuntimeError(text)
+
+    def _produce(self, batch: pyarrow.RecordBatch) -> None:
+        producer = self.producer
+        assert producer is not None
+        names = batch.schema.names
+        count = batch.num_rows
+        values = batch.column("value").to_pylist()
+        keys = batch.column("key").to_pylist() if "key" in names else None
+        topics = batch.column("topic").to_pylist() if "topic" in names else None
+        partitions = batch.column("partition").to_pylist() if "partition" in names else None
+        headers = batch.column("headers").to_pylist() if "headers" in names else None
+        default = self.sink.topic
+        produce = producer.produce
+        if topics is None and partitions is None and headers is None:  # fast path
+            self._produce_plain(producer, default, values, keys)
+            self.rows += count
+            producer.poll(0)
+            return
+        for i in range(count):
+            topic = topics[i] if topics is not None and topics[i] is not None else default
+            kwargs: dict[str, Any] = {}
+            if partitions is not None and partitions[i] is not None:
+                kwargs["partition"] = partitions[i]
+            if headers is not None and headers[i] is not None:
+                kwargs["headers"] = _headers(headers[i])
+            key = keys[i] if keys is not None else None
+            while True:
+                try:
+                    produce(topic, values[i], key, **kwargs)
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    producer.poll(0.05)
+                except (KafkaException, TypeError) as exc:
+                    raise PoisonRecordError(
+                        f"kafka sink: row {self.rows + i} of this task (topic {topic!r}) cannot "
+                        f"be produced: {exc}. Fix or filter the record (size limits: "
+                        "message.max.bytes / max.request.size)."
+                    ) from None
+        self.rows += count
+        producer.poll(0)
+
+    def _produce_plain(
+        self, producer: Producer, topic: Any, values: list[Any], keys: list[Any] | None
+    ) -> None:
+        """Key and value only, to one topic."""
+        produce = producer.produce
+        pairs = zip(values, keys if keys is not None else [None] * len(values), strict=True)
+        for index, (value, key) in enumerate(pairs):
+            try:
+                produce(topic, value, key)
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                while True:
+                    producer.poll(0.05)
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:
+                        continue
+            except (KafkaException, TypeError) as exc:
+                raise PoisonRecordError(
+                    f"kafka sink: row {self.rows + index} of this task (topic {topic!r}) "
+                    f"cannot be produced: {exc}. Fix or filter the record (size limits: "
+                    "message.max.bytes / max.request.size)."
+                ) from None
+
+
+def _headers(value: Any) -> list[tuple[str, Any]]:
+    """Headers from a list of ``{"key", "value"}`` structs or a map (list of pairs)."""
+    if isinstance(value, dict):
+        return list(value.items())
+    return [(h["key"], h["value"]) if isinstance(h, dict) else tuple(h) for h in value]

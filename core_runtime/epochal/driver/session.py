@@ -1,0 +1,272 @@
+"""A driver's SparkSession: what it is made of (:class:`SessionProfile`, fixed when its JVM
+starts, so a warm driver can run any job with the same profile), how it is built
+(:func:`spark_session`), and what the driver asks of it (executors, running jobs, whether it is
+alive); the job's function and environment; the planner workers kept warm between runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from epochal.control import processes
+from epochal.parts.job_context import (
+    ENV_ALLOW_DOWNGRADE,
+    ENV_FAULTS,
+    ENV_GUARANTEE,
+    ENV_JOB,
+    ENV_JOB_DIR,
+)
+from epochal.parts.registry import EXTRA_PLUGINS_ENV
+from epochal.state import objectstore
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal_sdk.errors import STARTING_ENV
+
+log = logging.getLogger("epochal.driver")
+
+
+@dataclass(frozen=True)
+class SessionProfile:
+    """What a driver's SparkSession is made of, fixed when its JVM starts: the master, the
+    Spark settings, the Python path of its workers and the extra plugin modules. A warm
+    driver can run any job whose profile is the same."""
+
+    master: str
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    python_path: tuple[str, ...] = ()
+    plugins: str = ""
+
+    @classmethod
+    def of(cls, record: JobRecord) -> SessionProfile:
+        """The profile a job needs."""
+        config = record.job_config
+        return cls(
+            config.master,
+            tuple(sorted((str(k), str(v)) for k, v in config.spark_conf.items())),
+            tuple(record.python_path),
+            os.environ.get(EXTRA_PLUGINS_ENV, ""),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "master": self.master,
+                "spark_conf": [list(item) for item in self.spark_conf],
+                "python_path": list(self.python_path),
+                "plugins": self.plugins,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SessionProfile:
+        data = json.loads(text)
+        return cls(
+            data["master"],
+            tuple((k, v) for k, v in data["spark_conf"]),
+            tuple(data["python_path"]),
+            data.get("plugins", ""),
+        )
+
+    def environment(self) -> dict[str, str]:
+        """What the driver process's environment must hold before its JVM starts."""
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return {
+            "PYTHONPATH": os.pathsep.join([*self.python_path, *inherited]),
+            EXTRA_PLUGINS_ENV: self.plugins,
+            STARTING_ENV: "0",  # the data source says when a check is the job's start
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
+
+
+def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
+    """A SparkSession for a profile (its master, state store and settings)."""
+    from pyspark.sql import SparkSession
+
+    from epochal.startup.classdata import driver_java_options
+    from epochal.startup.home import use_fast_spark_home
+    from epochal.startup.statefiles import session_conf
+
+    use_fast_spark_home(profile.master)
+
+    builder = (
+        SparkSession.builder.master(profile.master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config(f"spark.executorEnv.{STARTING_ENV}", "0")
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        # Hadoop's file systems apply their own umask to what they create (the checkpoint)
+        .config("spark.hadoop.fs.permissions.umask-mode", "077")
+    )
+    token = os.environ.get(processes.RUN_TOKEN_ENV)
+    if token:  # executors' Python workers carry the run token too (kill_run finds them)
+        builder = builder.config(f"spark.executorEnv.{processes.RUN_TOKEN_ENV}", token)
+    if profile.master.startswith("local-cluster"):
+        builder = builder.config("spark.executor.memory", "600m").config(
+            "spark.task.maxFailures", "4"
+        )
+    for key, value in objectstore.spark_conf().items():  # s3a:// checkpoints, executors' store
+        builder = builder.config(key, value)
+    for key, value in session_conf(profile.master).items():  # state files linked, not copied
+        builder = builder.config(key, value)
+    conf = dict(profile.spark_conf)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    # the class-data archive, when there is one (a faster JVM start)
+    java_options = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+    builder = builder.config("spark.driver.extraJavaOptions", follow_tmpdir(java_options))
+    if profile.master.startswith("local-cluster"):  # executors started on this machine
+        executor_options = conf.get("spark.executor.extraJavaOptions", "")
+        builder = builder.config("spark.executor.extraJavaOptions", follow_tmpdir(executor_options))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def follow_tmpdir(java_options: str) -> str:
+    """JVM options with the JVM's temporary directory set to this process's (``TMPDIR``,
+    which a supervisor points at the driver run's scratch directory), unless they set one:
+    the JVM ignores ``TMPDIR``, and what it leaves in its temporary directory when it is
+    killed (Spark's local directories, the RocksDB and LZ4 libraries it unpacks, 15 MB a
+    start) would stay there for good."""
+    if "-Djava.io.tmpdir=" in java_options:
+        return java_options
+    return f"{java_options} -Djava.io.tmpdir={shlex.quote(tempfile.gettempdir())}".strip()
+
+
+def expected_executors(master: str, conf: dict[str, str] | None = None) -> int:
+    """How many executors the job asks for: ``local-cluster[N,…]``'s N; on a cluster
+    ``spark.executor.instances``, or ``spark.cores.max / spark.executor.cores``; else 1."""
+    match = re.match(r"local-cluster\[(\d+)", master)
+    if match:
+        return int(match.group(1))
+    if master.startswith("local"):
+        return 1
+    conf = conf or {}
+    with contextlib.suppress(ValueError):
+        if conf.get("spark.executor.instances"):
+            return max(1, int(conf["spark.executor.instances"]))
+        if conf.get("spark.cores.max"):
+            per = int(conf.get("spark.executor.cores") or 1)
+            return max(1, int(conf["spark.cores.max"]) // max(1, per))
+    return 1
+
+
+def executor_count(spark: Any) -> int:
+    """Executors registered now (the driver alone counts as one in local mode)."""
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    return max(1, status.size() - 1) if status.size() > 1 else 1
+
+
+def wait_for_executors(spark: Any, wanted: int, seconds: float) -> int:
+    """Wait (with a deadline) until ``wanted`` executors registered; the count reached."""
+    deadline = time.monotonic() + seconds
+    count = executor_count(spark)
+    while count < wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        count = executor_count(spark)
+    return count
+
+
+def session_alive(spark: Any) -> bool:
+    """Whether the session's JVM and SparkContext are up (not stopped, not gone)."""
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:
+        return False
+
+
+def running_jobs(spark: Any) -> list[int]:
+    """The Spark jobs running now, but the driver's own keep-warm jobs (the query's)."""
+    from epochal.startup.warmup import KEEP_WARM_JOB_GROUP  # imports pyspark and pyarrow
+
+    tracker = spark.sparkContext.statusTracker()
+    keeping = set(tracker.getJobIdsForGroup(KEEP_WARM_JOB_GROUP))
+    return [job for job in tracker.getActiveJobsIds() if job not in keeping]
+
+
+def wait_for_idle(spark: Any, seconds: float) -> None:
+    """Wait (with a deadline) until no Spark job of the failed query runs any more; cancel
+    what is left, so no straggler task of the old run prepares after the new run's recovery."""
+    deadline = time.monotonic() + seconds
+    while running_jobs(spark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if running_jobs(spark):
+        spark.sparkContext.cancelAllJobs()
+
+
+def load_target(target: str) -> Any:
+    """Import ``module:function``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"target {target!r} must look like module:function")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def job_environment(record: JobRecord, jobdir: JobDirectory) -> None:
+    """Point this process at the job: its environment (for code that reads it) and the
+    Python path it was submitted with."""
+    config = record.job_config
+    os.environ.update(
+        {
+            ENV_JOB: record.name,
+            ENV_JOB_DIR: jobdir.path,
+            ENV_GUARANTEE: config.guarantee.label,
+            ENV_ALLOW_DOWNGRADE: "1" if config.allow_downgrade else "0",
+            ENV_FAULTS: config.faults,
+        }
+    )
+    for entry in reversed(record.python_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+class PlannerKeeper:
+    """Keeps the Python workers that a query's start takes (its planners) alive while the
+    driver runs the job, so an in-place restart finds them: one tiny batch job through the
+    warm-up source every :data:`~epochal.startup.warmup.KEEP_WARM_SECONDS` (see
+    :func:`~epochal.startup.warmup.touch_planners`); a failure there is only logged."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def start(self) -> None:
+        threading.Thread(target=self._keep, name="epochal-keep-warm", daemon=True).start()
+
+    def _keep(self) -> None:
+        from epochal.startup import warmup  # not at the top: the supervisor imports this module
+
+        registered = False
+        while True:
+            time.sleep(warmup.KEEP_WARM_SECONDS)
+            try:
+                if not registered:
+                    warmup.register(self.spark)
+                    registered = True
+                warmup.touch_planners(self.spark)
+            except Exception:  # a cancel of every job: next round
+                if not session_alive(self.spark):
+                    return  # the driver is ending
+                log.warning("keeping the planner workers warm failed", exc_info=True)

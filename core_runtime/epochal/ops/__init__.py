@@ -1,0 +1,1 @@
+"""Operator tools: the command line, job status, in-doubt transactions, metrics, the demo."""

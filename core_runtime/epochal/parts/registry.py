@@ -1,0 +1,183 @@
+"""Connector discovery: pluggy hooks, plugins found through the ``epochal`` entry points.
+
+The runtime never imports a connector by name; it asks the plugins.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+
+import pluggy
+
+from epochal.parts import secrets
+from epochal_sdk import ConfigError, Connector
+from epochal_sdk import hookspecs as specs
+
+log = logging.getLogger("epochal.parts.registry")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+BROKEN: dict[str, str] = {}
+"""Installed plugins that failed to load, by entry point name, with the error."""
+
+EXTRA_PLUGINS_ENV = "EPOCHAL_PLUGINS"
+"""Comma-separated modules to load as plugins besides the installed entry points (for local
+connectors and test doubles; inherited by the driver processes the supervisor starts)."""
+
+
+@functools.cache
+def plugin_manager() -> pluggy.PluginManager:
+    """The plugin manager with every installed plugin loaded."""
+    manager = pluggy.PluginManager(specs.PROJECT)
+    manager.add_hookspecs(specs)
+    BROKEN.clear()
+    for entry_point in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP):
+        if manager.get_plugin(entry_point.name) is not None:
+            continue
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:  # one broken package must not take the others down
+            BROKEN[entry_point.name] = f"{entry_point.value}: {type(exc).__name__}: {exc}"
+            log.warning("epochal plugin %r failed to load: %s", entry_point.name, exc)
+            continue
+        manager.register(plugin, name=entry_point.name)
+    extra = (name.strip() for name in os.environ.get(EXTRA_PLUGINS_ENV, "").split(","))
+    for module_name in filter(None, extra):
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            BROKEN[module_name] = f"{EXTRA_PLUGINS_ENV}: {type(exc).__name__}: {exc}"
+            log.warning("epochal plugin module %r failed to load: %s", module_name, exc)
+            continue
+        if not manager.is_registered(module):
+            manager.register(module)
+    return manager
+
+
+def connectors(manager: pluggy.PluginManager | None = None) -> dict[str, type[Connector]]:
+    """Every registered connector class by name."""
+    found: dict[str, type[Connector]] = {}
+
+    def register(cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Connector)):
+            raise TypeError(f"register() takes a Connector subclass, got {cls!r}")
+        if not _SAFE_ID.match(getattr(cls, "name", "") or ""):
+            raise ConfigError(
+                "epochal",
+                "name",
+                f"connector class {cls.__module__}.{cls.__name__} has name "
+                f"{getattr(cls, 'name', None)!r}",
+                "Name it with letters, digits, '-' and '_'.",
+            )
+        if cls.name in found and found[cls.name] is not cls:
+            raise ConfigError(
+                "epochal",
+                cls.name,
+                f"two plugins register a connector named {cls.name!r} "
+                f"({found[cls.name].__module__} and {cls.__module__})",
+                "Uninstall one of them.",
+            )
+        found[cls.name] = cls
+
+    (manager or plugin_manager()).hook.register_connectors(register=register)
+    return dict(sorted(found.items()))
+
+
+def connector(name: str) -> Connector:
+    """An instance of the connector ``name``; a clear error naming the installed ones."""
+    alone = _installed_alone(name)
+    if alone is not None:
+        return alone()
+    available = connectors()
+    if name not in available and name in BROKEN:
+        raise ConfigError(
+            "epochal",
+            "format",
+            f"the connector package {name!r} is installed but failed to load ({BROKEN[name]})",
+            f"Reinstall it (pip install --force-reinstall epochal-{name}) or fix the error",
+        )
+    if name not in available:
+        installed = ", ".join(available) or "none"
+        raise ConfigError(
+            "epochal",
+            "format",
+            f"no connector named {name!r} is installed (installed: {installed})",
+            f"pip install epochal-{name}, or check the name after 'epochal.'",
+        )
+    return available[name]()
+
+
+def installed_names() -> list[str]:
+    """The names of the installed connector plugins (their entry points), without loading
+    any of them."""
+    return sorted(
+        {ep.name for ep in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP)}
+    )
+
+
+@functools.cache
+def _installed_alone(name: str) -> type[Connector] | None:
+    """Connector ``name`` loaded from the installed plugin of the same entry point name alone,
+    without importing every other installed connector (and its client library): each Python
+    process Spark starts for a query (the source runner, the planner and task workers) needs
+    one or two connectors, and importing all of them costs it ~0.15 s. None when no such
+    plugin registers it (then every plugin is loaded). Two plugins registering one name are
+    refused by :func:`connectors`, which :func:`epochal.register` and the CLI run on the
+    driver."""
+    if os.environ.get(EXTRA_PLUGINS_ENV, "").strip():
+        return None  # extra plugin modules may shadow an installed one: load them all
+    for entry_point in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP, name=name):
+        try:
+            manager = pluggy.PluginManager(specs.PROJECT)
+            manager.add_hookspecs(specs)
+            manager.register(entry_point.load(), name=entry_point.name)
+            return connectors(manager).get(name)
+        except Exception:  # reported, with the others, by the full discovery
+            return None
+    return None
+
+
+SPARK_OWN_OPTIONS = frozenset({"checkpointlocation"})
+"""Options Spark hands to a data source that are not the connector's: the checkpoint moves
+with the job's lease epoch, and a part's id must not."""
+
+
+def part_id(name: str, options: Mapping[str, str]) -> str:
+    """A stable id for one source or sink of a query: ``epochal.id`` if given, else the
+    connector name and a hash of its options (the same options give the same id after a
+    restart, so the snapshot entries are found again)."""
+    explicit = {k.lower(): v for k, v in options.items()}.get("epochal.id")
+    if explicit:
+        if not _SAFE_ID.match(explicit):
+            raise ConfigError(
+                name,
+                "epochal.id",
+                f"{explicit!r} is not allowed",
+                "Use letters, digits, '-' and '_' (it names snapshot entries and prefixes "
+                "transaction ids).",
+            )
+        return explicit
+    user = {
+        k.lower(): v
+        for k, v in options.items()
+        if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
+    }
+    identity = secrets.without_secrets(user, declared_secrets(name))
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{name}-{digest}"
+
+
+def declared_secrets(name: str) -> frozenset[str]:
+    """The options connector ``name`` declares secret (none for an unknown connector)."""
+    try:
+        return frozenset(getattr(type(connector(name)), "secret_options", frozenset()))
+    except Exception:  # an unknown connector: its error comes where it is built
+        return frozenset()

@@ -1,0 +1,206 @@
+"""The real-failures scenario: supervisors as their own processes, killed and paused from
+outside, a zombie driver woken after a take-over, random kills (:class:`RealFailures`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+from epochal.config import JobConfig
+from epochal.control import processes
+from epochal.control.fault_plan import FaultPlan
+from epochal.control.supervisor import submit
+from epochal.protocols.two_phase import recorded_decisions
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for
+
+
+class RealFailures:
+    """The real-failures scenario: supervisors run as their own processes, as an operator
+    runs them (``python -m epochal jobs resume``), and are killed and paused from outside.
+
+    1. Supervisor A runs the job until the first fault kills A (SIGKILL) after a batch: its
+       driver must die with it (all of the run's processes gone within the lease TTL).
+    2. Supervisor B resumes the job from another process at once (A is known dead).
+       (A supervisor that must wait for a lease starts its driver warm meanwhile.)
+    3. The second fault pauses B and its whole driver run (SIGSTOP) at the most dangerous
+       step. Supervisor C resumes the job: it must wait for the lease to expire, then take
+       over at a new epoch. Once C committed a batch, the zombie is resumed (SIGCONT): it
+       must stop without deciding, acknowledging or writing anything.
+    4. While C runs, its whole driver run and one of its Python workers are killed, in
+       random order, at random moments.
+    """
+
+    def __init__(self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str):
+        self.jobdir, self.scenario, self.config = jobdir, scenario, config
+        self.random = random.Random(seed)
+        self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+        self.supervisors: list[subprocess.Popen[str]] = []
+
+    def run(self, notes: list[str]) -> JobRecord:
+        try:
+            return self._run(notes)
+        finally:
+            for supervisor in self.supervisors:
+                with contextlib.suppress(ProcessLookupError):
+                    supervisor.send_signal(signal.SIGCONT)
+                    supervisor.kill()
+                supervisor.wait()
+
+    def _run(self, notes: list[str]) -> JobRecord:
+        ttl = self.config.lease_ttl
+        submit(self.jobdir.name, "epochal.pipelines:copy", self.config)
+        kill_supervisor, pause = self.scenario.faults
+        first = self._supervise("a")
+        wait_for(lambda: first.poll() is not None, "supervisor A to be killed by its fault", 300)
+        assert first.returncode == -signal.SIGKILL, f"supervisor A ended with {first.returncode}"
+        orphan = self.plan.marker_info(kill_supervisor.label)
+        started = time.monotonic()
+        wait_for(
+            lambda: not processes.processes_of(str(orphan["token"])),
+            "the driver run of the killed supervisor to die with it",
+            ttl,
+        )
+        notes.append(f"orphaned driver run gone {time.monotonic() - started:.1f}s after A died")
+
+        second = self._supervise("b")
+        wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
+        zombie = self.plan.marker_info(pause.label)
+        assert zombie["token"] != orphan["token"], "the pause fired in A's orphaned run"
+        lease = self.jobdir.lease()
+        assert lease is not None
+        # B is stopped: its last renewal is in the lease (or one made in the instant between
+        # the pause's marker and B's SIGSTOP, which only makes C wait longer)
+        zombie_epoch, last_renewal = lease.epoch, lease.renewed
+        paused_at = float(zombie["at"])
+        third = self._supervise("c")
+        wait_for(
+            lambda: self._first_batch_of_epoch_after(zombie_epoch) is not None,
+            "supervisor C to take over and commit a batch",
+            300,
+        )
+        taken = self._first_batch_of_epoch_after(zombie_epoch)
+        assert taken is not None
+        waited = float(taken["started"]) - last_renewal
+        assert waited >= ttl - 0.05, (
+            f"supervisor C took the job over {waited:.2f}s after the zombie's last lease "
+            f"renewal; it must wait for the lease ({ttl}s) to expire"
+        )
+        notes.append(
+            f"take-over {waited:.1f}s after the zombie's last renewal, "
+            f"{float(taken['started']) - paused_at:.1f}s after its pause (lease ttl {ttl}s)"
+        )
+        for pid in [int(zombie["supervisor"]), *processes.processes_of(str(zombie["token"]))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        wait_for(
+            lambda: second.poll() is not None and not processes.processes_of(str(zombie["token"])),
+            "the zombie (supervisor B and its driver run) to stop",
+            60,
+        )
+        notes.append(
+            f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (supervisor B "
+            f"exit {second.returncode})"
+        )
+        check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
+        done = self._random_kills(third, notes, kills=2)
+        assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
+        wait_for(lambda: third.poll() is not None, "supervisor C to finish the job", 600)
+        record = self.jobdir.load()
+        if third.returncode != 0:
+            record.failure = f"{record.failure}\n{driver_log_tail(self.jobdir.logs)}"
+        return record
+
+    def _supervise(self, tag: str) -> subprocess.Popen[str]:
+        log = open(f"{self.jobdir.path}/supervisor-{tag}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "epochal",
+                "jobs",
+                "resume",
+                self.jobdir.name,
+                "--snapshot-dir",
+                self.jobdir.snapshot_dir,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.supervisors.append(proc)
+        return proc
+
+    def _first_batch_of_epoch_after(self, epoch: int) -> dict | None:
+        for run in self.jobdir.load().runs:
+            if int(run.get("epoch", 0)) > epoch and run.get("first_batch_at"):
+                return run
+        return None
+
+    def _random_kills(self, supervisor: subprocess.Popen[str], notes: list[str], kills: int) -> int:
+        """Kill, at random moments, the active driver run and one of its Python workers
+        (each kind at least once when ``kills`` >= 2, in random order); returns how many
+        kills happened."""
+        kinds = ["driver", "worker"] * (kills // 2) + [self.random.choice(["driver", "worker"])]
+        kinds = kinds[:kills]
+        self.random.shuffle(kinds)
+        done = 0
+        for kind in kinds:
+            batch = self.jobdir.load().progress.get("batch", -1)
+            with contextlib.suppress(AssertionError):
+                wait_for(
+                    lambda b=batch: (
+                        supervisor.poll() is not None
+                        or self.jobdir.load().progress.get("batch", -1) > b
+                    ),
+                    "another committed batch",
+                    120,
+                )
+            if supervisor.poll() is not None:
+                break
+            time.sleep(self.random.uniform(0.0, 1.5))  # a random moment, by design
+            token = str(self.jobdir.load().driver.get("token") or "")
+            victims = processes.processes_of(token)
+            workers = processes.python_workers(token)
+            at = self.jobdir.load().progress.get("batch")
+            if kind == "worker" and workers:
+                victim = self.random.choice(workers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                notes.append(f"random kill after batch {at}: Python worker {victim}")
+                done += 1
+            elif victims:
+                with contextlib.suppress(TimeoutError):
+                    processes.kill_run(token)
+                notes.append(f"random kill after batch {at}: the whole driver run")
+                done += 1
+        return done
+
+
+def check_zombie_wrote_nothing(
+    jobdir: JobDirectory, zombie: dict, zombie_epoch: int, notes: list[str]
+) -> None:
+    """Nothing written through the zombie's (moved) state directory, and no commit decision
+    of the zombie's epoch for the batch it was paused in or a later one."""
+    epochs = sorted(os.listdir(f"{jobdir.path}/epochs"))
+    lease = jobdir.lease()
+    assert lease is not None and epochs == [str(lease.state)], (
+        f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
+    )
+    paused_batch = zombie.get("batch")
+    late = []
+    for sink_id, batch, decision in recorded_decisions(jobdir.store):
+        if (
+            paused_batch is not None
+            and batch >= int(paused_batch)
+            and int(decision.get("lease_epoch", 0)) <= zombie_epoch
+        ):
+            late.append((sink_id, batch, decision.get("lease_epoch")))
+    assert not late, f"the zombie recorded commit decisions after its pause: {late}"
+    notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")

@@ -1,0 +1,291 @@
+"""The conformance kit's pytest suite: crash tests written once, run by every connector
+package.
+
+A connector package subclasses :class:`ConformanceSuite`, says which contracts it has, and
+gives two fixtures: ``epochal_source`` (a :class:`SourceUnderTest`) and/or ``epochal_sink``
+(a :class:`SinkUnderTest`). The kit then runs real Spark jobs that are killed hard (SIGKILL,
+SIGSTOP) at every step of the protocols, restarted, and checked by record ID through an
+independent reader: exactly-once means 0 lost, 0 duplicated, nothing left prepared or
+unacknowledged; at-least-once means 0 lost.
+
+Each test is a :class:`Scenario`: one job run that goes through a *sequence* of failures, one
+after another (see :mod:`epochal.control.fault_plan`), so a handful of job runs cover every
+crash point:
+
+``points``          every crash point of the contracts under test, for each guarantee and
+                    sink mode: the process that performs the step is killed there (a
+                    driver-side Python worker: the query restarts in place; an executor's
+                    worker: the task is retried), and, exactly-once, the whole driver at the
+                    end of a batch.
+``driver-kills``    every driver-side crash point with the *whole driver* killed (its JVM,
+                    PySpark daemons and workers); the supervisor restarts it.
+``executor-kills``  every executor crash point with the executor JVM killed
+                    (``local-cluster``): tasks are rescheduled on the other executor.
+``aggregate``       a keyed running aggregation (Spark state) killed in place and whole
+                    (the first sink mode).
+``real-failures``   what deployments see: the supervisor killed and the job resumed from
+                    another process; the driver and its supervisor paused (SIGSTOP) past the
+                    lease, another supervisor taking over and committing, then the zombie
+                    resumed (SIGCONT): it must decide, acknowledge and write nothing; then
+                    a kill of the whole driver and one of a Python worker, in random order
+                    at random moments.
+``session-failures`` the same failures where no supervisor runs: the query in a user's
+                    plain SparkSession, its driver started again by an outside restarter
+                    (as YARN or a restart policy does); the driver holds the job's lease
+                    itself (:mod:`epochal.control.lease_keeper`).
+
+Scenarios run on ``local[2,4]`` (failed tasks are retried); executor JVM kills on
+``local-cluster[2,1,1024]``. At the end of the session the plugin prints a coverage table
+(connector, point, guarantee, mode, kill → passed), so a crash point cannot drop out unseen.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
+from epochal.control.launcher import DriverPool
+from epochal.state.jobs import JobStatus
+from epochal.testing.points import (
+    EXPECTED,
+    JOB_POINT,
+    SINK_POINTS,
+    SOURCE_POINTS,
+    coverage_rows,
+)
+from epochal.testing.scenarios import CLUSTER, Scenario, run_case
+from epochal_sdk import Guarantee
+
+
+# -- what a connector gives the kit ---------------------------------------------------------
+class SourceUnderTest(ABC):
+    """A source connector as the kit drives it.
+
+    Class attributes:
+        connector: the connector's name (``format("epochal.<connector>")``).
+        id_expr: a SQL expression over the source's columns that gives each record's
+            integer ID, e.g. ``"CAST(key AS BIGINT)"``; the kit counts lost and duplicated
+            records by it.
+    """
+
+    connector: ClassVar[str]
+    id_expr: ClassVar[str]
+
+    @abstractmethod
+    def options(self) -> dict[str, str]:
+        """Options for ``readStream.format("epochal.<connector>")``."""
+
+    @abstractmethod
+    def produce(self, ids: Sequence[int]) -> None:
+        """Put records with these IDs into the source (before the job starts). Each record
+        must carry its ID so that ``id_expr`` finds it; any other columns are up to you."""
+
+    def unsettled(self) -> list[str]:
+        """What the source system still holds that the job should have settled (e.g.
+        unacknowledged messages); must be empty at the end."""
+        return []
+
+
+class SinkUnderTest(ABC):
+    """A sink connector as the kit drives it. The pipeline writes ``key`` and ``value``
+    string columns (both the record ID in the copy pipeline).
+
+    Class attributes:
+        connector: the connector's name (``writeStream.format("epochal.<connector>")``).
+    """
+
+    connector: ClassVar[str]
+
+    @abstractmethod
+    def options(self, mode: str) -> dict[str, str]:
+        """Options for ``writeStream.format("epochal.<connector>")`` in ``mode``
+        (``transactional`` or ``idempotent``)."""
+
+    @abstractmethod
+    def committed(self, mode: str) -> list[tuple[str, str]]:
+        """What an independent reader sees, as (key, value) pairs, one per visible write
+        (a transactional sink's committed records; an idempotent sink's entries)."""
+
+    def in_doubt(self) -> list[str]:
+        """Prepared, unsettled transactions left in the system (must be none at the end)."""
+        return []
+
+
+class ConformanceSuite:
+    """Subclass in a connector's tests; set the class attributes and provide the fixtures
+    ``epochal_source`` and/or ``epochal_sink``. Use the map connector for the side you do not
+    test (the kit's own fixtures ``epochal_map_source``/``epochal_map_sink``).
+
+    Class attributes (all optional):
+        scope: which side is under test: ``source``, ``sink`` or ``all`` (both; the map
+            connector's own suite).
+        source_contract: ``replayable`` or ``acknowledging`` (the source's contract).
+        sink_modes: the sink modes to test (``transactional``, ``idempotent``). When only
+            the source is under test, the first mode is used for the other side.
+        guarantees: the guarantees to test.
+        records: records per scenario at least (more when a scenario has many faults).
+        records_per_batch: the source's read limit (``maxRecordsPerBatch``).
+        aggregate: also run the keyed running aggregation (Spark state) across kills.
+        whole_driver_kills: also kill the whole driver at every driver-side point, exactly-once
+            (the runtime's own suites do; a connector's steps run in the same worker either
+            way, and every suite kills the whole driver after a batch and at random times).
+        executor_kills: also kill executor JVMs at every executor point (``local-cluster``);
+            every suite kills the executors' Python workers there (tasks are retried).
+        real_failures: also run the real-failures scenarios, exactly-once: supervised
+            (supervisor killed, zombie driver, random kills) and in a plain session under an
+            outside restarter (driver killed, zombie driver, random kills).
+    """
+
+    source_contract: ClassVar[str] = "replayable"
+    sink_modes: ClassVar[tuple[str, ...]] = ("transactional", "idempotent")
+    guarantees: ClassVar[tuple[Guarantee, ...]] = (Guarantee.EXACTLY_ONCE, Guarantee.AT_LEAST_ONCE)
+    records: ClassVar[int] = 300
+    records_per_batch: ClassVar[int] = 100
+    aggregate: ClassVar[bool] = True
+    scope: ClassVar[str] = "all"
+    whole_driver_kills: ClassVar[bool] = False
+    executor_kills: ClassVar[bool] = False
+    real_failures: ClassVar[bool] = True
+    source_connector: ClassVar[str] = ""
+    sink_connector: ClassVar[str] = ""
+    """Names for the coverage table (default: from the fixtures when the test runs; set
+    them so that the table is complete even for scenarios that did not run)."""
+
+    @classmethod
+    def modes(cls) -> tuple[str, ...]:
+        """The sink modes that matter: all of them when the sink is under test, else the
+        first (the other side's mode does not change the source's protocol)."""
+        return cls.sink_modes if cls.scope in ("all", "sink") else cls.sink_modes[:1]
+
+    @classmethod
+    def points(cls, guarantee: Guarantee, mode: str) -> list[str]:
+        """The crash points of the contracts under test (source first, then sink)."""
+        out: list[str] = []
+        if cls.scope in ("all", "source"):
+            out += SOURCE_POINTS[(cls.source_contract, guarantee)]
+        if cls.scope in ("all", "sink"):
+            out += SINK_POINTS[(mode, guarantee)]
+        return out
+
+    @classmethod
+    def connector_label(cls, point: str) -> str:
+        """The connector a crash point belongs to, for the coverage table."""
+        source = cls.source_connector or "source"
+        sink = cls.sink_connector or "sink"
+        if point.startswith(("source.", "ack_source.")):
+            return source
+        if point.startswith("sink."):
+            return sink
+        return f"{source}→{sink}"
+
+    @classmethod
+    def cases(cls) -> list[Scenario]:
+        """The scenarios of this suite (see the module doc)."""
+        out: list[Scenario] = []
+        exactly_once = Guarantee.EXACTLY_ONCE
+        for guarantee in cls.guarantees:
+            for mode in cls.modes():
+                faults = [_in_place(p) for p in cls.points(guarantee, mode)]
+                if guarantee == exactly_once:  # and the whole driver once, after a batch
+                    faults.append(Fault(JOB_POINT))
+                out.append(Scenario("points", guarantee, mode, tuple(faults)))
+        first = cls.modes()[0]
+        if exactly_once not in cls.guarantees:
+            return out
+        if cls.whole_driver_kills:  # the strongest guarantee: every recovery path runs there
+            for mode in cls.modes():
+                driver = [Fault(p) for p in cls.points(exactly_once, mode) if p in DRIVER_POINTS]
+                out.append(Scenario("driver-kills", exactly_once, mode, tuple(driver)))
+        if cls.executor_kills:
+            executor = [Fault(p) for p in cls.points(exactly_once, first) if p in EXECUTOR_POINTS]
+            if executor:
+                out.append(
+                    Scenario("executor-kills", exactly_once, first, tuple(executor), CLUSTER)
+                )
+        if cls.aggregate:
+            for mode in cls.modes()[:1]:
+                step = "sink.after_decision" if mode == "transactional" else "sink.after_flush"
+                faults = (Fault(step, action="worker"), Fault(JOB_POINT))
+                out.append(Scenario("aggregate", exactly_once, mode, faults, pipeline="aggregate"))
+        if cls.real_failures:
+            out.append(
+                Scenario(
+                    "real-failures",
+                    exactly_once,
+                    first,
+                    (
+                        Fault(JOB_POINT, action="supervisor"),
+                        Fault(cls.pause_point(), action="pause"),
+                    ),
+                )
+            )
+            out.append(
+                Scenario(
+                    "session-failures",
+                    exactly_once,
+                    first,
+                    (
+                        Fault("sink.after_commit", action="driver"),
+                        Fault(cls.pause_point(), action="pause"),
+                    ),
+                )
+            )
+        return out
+
+    @classmethod
+    def pause_point(cls) -> str:
+        """Where the zombie of the real-failures scenario is paused: the most dangerous step
+        of the contracts under test (before a commit decision, before an acknowledgement)."""
+        if cls.scope in ("all", "sink") and cls.modes()[0] == "transactional":
+            return "sink.before_decision"
+        if cls.scope in ("all", "source") and cls.source_contract == "acknowledging":
+            return "ack_source.before_ack"
+        if cls.scope in ("all", "source"):
+            return "source.after_plan"
+        return "sink.after_commit"
+
+    def test_crash_and_recover(
+        self,
+        conformance_case: Scenario,
+        epochal_source: SourceUnderTest,
+        epochal_sink: SinkUnderTest,
+        epochal_driver_pool: DriverPool | None,
+        tmp_path: Any,
+        request: Any,
+    ) -> None:
+        """Run the scenario; count lost and duplicated records by ID; check that nothing is
+        left prepared or unsettled and that every fault fired."""
+        scenario = conformance_case
+        rows = coverage_rows(type(self), scenario)
+        for row in rows:
+            EXPECTED[row] = "FAILED"
+        outcome = run_case(
+            scenario,
+            epochal_source,
+            epochal_sink,
+            str(tmp_path / "snapshots"),
+            records=self.records,
+            per_batch=self.records_per_batch,
+            pool=epochal_driver_pool,
+        )
+        request.node.user_properties.append(("epochal", outcome.summary()))
+        assert outcome.record.status == JobStatus.COMPLETED, outcome.record.failure
+        assert outcome.fired == [f.label for f in scenario.faults], (
+            f"not every fault fired: {outcome}"
+        )
+        assert not outcome.lost, f"lost records: {outcome}"
+        if scenario.guarantee == Guarantee.EXACTLY_ONCE:
+            assert not outcome.duplicated, f"duplicates under exactly-once: {outcome}"
+        leftovers = epochal_sink.in_doubt()
+        assert not leftovers, f"in-doubt transactions left behind: {leftovers}"
+        unsettled = epochal_source.unsettled()
+        assert not unsettled, f"the source was left unsettled: {unsettled}"
+        for row in rows:
+            EXPECTED[row] = "passed"
+
+
+def _in_place(point: str) -> Fault:
+    """The point's fault with only the process performing the step killed."""
+    return Fault(point, action="worker")
