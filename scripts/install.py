@@ -43,14 +43,17 @@ PACKAGES = [
         for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
     ),
 ]
-DEV = [
-    "pytest>=8",
-    "pytest-timeout>=2.3",
-    "ruff>=0.6",
-    # the Spark Connect client, for integration/connect (the version of the runtime's pyspark)
-    "pyspark[connect]==4.3.*",
-]
-DEV_MODULES = ("pytest", "pytest_timeout", "ruff", "grpc", "grpc_status", "zstandard")
+DEV_MODULES = ("pytest", "pytest_timeout", "ruff", "grpc", "grpc_status", "zstandard", "sphinx")
+"""Modules of the dev tools (the workspace's dev extras) that ``--check`` looks for."""
+
+
+def dev_requirements() -> list[str]:
+    """The dev tools: the workspace's dev extras (``pyproject.toml``,
+    ``[project.optional-dependencies] dev``), the one list of them."""
+    import tomllib  # Python 3.11+, checked in main() before this runs
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        return list(tomllib.load(fh)["project"]["optional-dependencies"]["dev"])
 
 
 def _externally_managed() -> bool:
@@ -163,7 +166,7 @@ def main() -> None:
     args += ["--config-settings", "editable_mode=compat"]
     for package in PACKAGES:
         args += ["-e", os.path.join(ROOT, package)]
-    result = subprocess.run([*args, *DEV], check=False)
+    result = subprocess.run([*args, *dev_requirements()], check=False)
     if result.returncode != 0:
         sys.exit(f"install: pip failed (exit {result.returncode}); see its message above")
     # a new interpreter: this one read its .pth files (sys.path) before pip wrote them

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from epochal.parts import secrets
 from epochal_sdk import ConfigError, Guarantee
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -26,6 +28,88 @@ def parse_duration(value: str | float | int, option: str = "duration") -> float:
     if seconds < 0:
         raise ConfigError("job", option, f"{value!r} is negative", "Give a positive duration.")
     return seconds
+
+
+JVM_LAUNCH_SETTINGS = frozenset(
+    {
+        "spark.driver.extrajavaoptions",
+        "spark.driver.defaultjavaoptions",
+        "spark.driver.extraclasspath",
+        "spark.driver.extralibrarypath",
+        "spark.driver.memory",
+        "spark.jars.packages",
+        "spark.jars.repositories",
+        "spark.jars.ivy",
+        "spark.jars.ivysettings",
+        "spark.jars.excludes",
+    }
+)
+"""Spark settings (lower case) that act when the driver's JVM is launched, so PySpark can
+only give them on its command line (``spark-submit --conf k=v``), which every user of the
+host can read (``/proc/<pid>/cmdline``). Every other setting reaches the JVM after it
+started, through PySpark's gateway (:func:`epochal.driver.session.spark_session`)."""
+
+
+def check_snapshot_dir(snapshot_dir: str) -> None:
+    """Refuse a local snapshot directory that cannot be one: the path, or the nearest of its
+    parents that exists, is a file. (A missing directory is created when a job is written;
+    URIs such as ``s3://`` are checked by their store.)"""
+    if "://" in str(snapshot_dir):
+        return
+    current = os.path.abspath(snapshot_dir)
+    while not os.path.lexists(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    if os.path.exists(current) and not os.path.isdir(current):
+        where = "is a file" if current == os.path.abspath(snapshot_dir) else f"is under {current}"
+        raise ConfigError(
+            "job",
+            "snapshot_dir",
+            f"{snapshot_dir!r} {where}, which is not a directory",
+            "Give a directory (it is created if missing) or an s3:// URI (--snapshot-dir, "
+            "$EPOCHAL_SNAPSHOT_DIR, JobConfig.snapshot_dir).",
+        )
+
+
+def check_spark_setting(key: str, value: str) -> None:
+    """Refuse a Spark setting of a job that would put a secret where others can read it:
+    a secret value given as it is (the job's record, ``job.json``, keeps every setting; give
+    a ``${env:NAME}`` or ``${file:PATH}`` reference, resolved where the driver builds its
+    session), or any secret or reference in a setting that only acts on the JVM's command
+    line (:data:`JVM_LAUNCH_SETTINGS`)."""
+    option = f"spark_conf {key}"
+    launch = key.strip().lower() in JVM_LAUNCH_SETTINGS
+    if secrets.is_reference(value):
+        if launch:
+            raise ConfigError(
+                "job",
+                option,
+                "is a setting Spark reads when the driver's JVM is launched, so its value goes "
+                "on the JVM's command line, which every user of the host can read; a "
+                "reference there would put what it stands for on it",
+                "Give the value itself (no secret), or pass the secret another way (a file "
+                "the JVM reads, an environment variable of the driver).",
+            )
+        return
+    if not secrets.is_secret_setting(key, value):
+        return
+    if launch:
+        raise ConfigError(
+            "job",
+            option,
+            "holds a secret, and Spark reads this setting when the driver's JVM is launched, "
+            "so it would go on the JVM's command line, which every user of the host can read",
+            "Pass the secret another way: a file the JVM reads (e.g. a trust store's "
+            "password file), or a setting read after the JVM started.",
+        )
+    raise ConfigError(
+        "job",
+        option,
+        "holds a secret, and the job's record (job.json) would keep it in clear",
+        "Give it as ${env:NAME} (an environment variable of the supervisor, and of any "
+        "process that resumes the job) or ${file:PATH} (a file only its owner reads: chmod "
+        "600): the driver resolves it where it builds its session and hands it to Spark "
+        "after the JVM started (never on a command line); the record keeps the reference.",
+    )
 
 
 CONNECT_DOC = "docs/spark-connect.md"
@@ -58,13 +142,18 @@ class JobConfig:
             for (logged), instead of refusing to start.
         auto_restart: restart after restartable failures.
         max_restarts: give up after this many restarts in a row without progress.
-        restart_backoff: first wait before a restart (seconds); doubles up to
+        restart_backoff: the wait before the second restart in a row without progress
+            (seconds; the first restart is at once); doubles with each further one, up to
             ``max_restart_backoff``.
         split_brain_protection: restart only with a quorum (``original/2 + 1``) of the executors
             the job first ran with.
         snapshot_dir: where snapshots and job records live (a path or a pyarrow filesystem URI).
         master: the Spark master (``local[2]``, ``local-cluster[2,1,1024]``, a cluster URL).
-        spark_conf: extra Spark settings.
+        spark_conf: extra Spark settings. A secret value (a setting named like Spark's
+            ``spark.redaction.regex``, ``secret|password|token|access.key``, or a value with a
+            password in it) must be a ``${env:NAME}`` or ``${file:PATH}`` reference: the
+            job's record keeps the reference, the driver resolves it and gives it to Spark
+            after the JVM started, off every command line (:func:`check_spark_setting`).
         faults: crash points to fire (tests and the demo), e.g. ``"sink.after_decision@3"``.
         lease_ttl: seconds a supervisor's lease lasts without renewal. A driver stops itself
             when its lease was not renewed for half of it; another supervisor takes the job
@@ -129,6 +218,13 @@ class JobConfig:
             )
         if not str(self.snapshot_dir).strip():
             raise ConfigError("job", "snapshot_dir", "is empty", "Give a directory or a URI.")
+        check_snapshot_dir(str(self.snapshot_dir))
+        if not isinstance(self.spark_conf, dict):
+            raise ConfigError(
+                "job", "spark_conf", "is not a mapping", "Give {'spark.x': 'value', ...}."
+            )
+        for key, value in self.spark_conf.items():
+            check_spark_setting(str(key), str(value))
         if self.faults:
             from epochal.control.fault_plan import FaultPlan
 

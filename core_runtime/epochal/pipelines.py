@@ -1,5 +1,7 @@
 """The pipelines the conformance kit runs. The driver process imports them by name and reads
-their parameters from the job's directory (or, for tests that set it, the environment)."""
+their parameters from the job's directory (or, for tests that set it, the environment): the
+spec names an epochal connector for the source (``source``) and the sink (``sink``), or any
+other format (``source_format``, ``sink_format``: Spark's own ``kafka``, for instance)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,38 @@ def _spec() -> dict[str, Any]:
     return dict(json.loads(os.environ[SPEC_ENV]))
 
 
+SOURCE_JARS_OPTION = "spark.jars"
+"""A source option the kit's pipelines take for themselves: jars (comma-separated paths) the
+source's format needs, e.g. Spark's Kafka connector for ``format("kafka")``. They are added
+to the session (``ADD JAR``) before the source is read, so a driver of the kit's usual
+session profile (a warm one of its pool) can read it; Spark never sees the option."""
+
+
 def _source(spark: Any, spec: dict[str, Any]) -> Any:
-    return (
-        spark.readStream.format(f"epochal.{spec['source']}")
-        .options(**spec["source_options"])
-        .load()
-    )
+    """The spec's source: ``format(spec["source_format"])``, by default the epochal
+    connector ``epochal.<spec["source"]>``, with ``spec["source_options"]``."""
+    options = dict(spec["source_options"])
+    add_jars(spark, options.pop(SOURCE_JARS_OPTION, ""))
+    fmt = spec.get("source_format") or f"epochal.{spec['source']}"
+    return spark.readStream.format(fmt).options(**options).load()
+
+
+def _sink(rows: Any, spec: dict[str, Any]) -> Any:
+    """The spec's sink: ``format(spec["sink_format"])``, by default the epochal connector
+    ``epochal.<spec["sink"]>``, with ``spec["sink_options"]``, in append mode."""
+    fmt = spec.get("sink_format") or f"epochal.{spec['sink']}"
+    return rows.writeStream.format(fmt).options(**spec["sink_options"]).outputMode("append")
+
+
+def add_jars(spark: Any, jars: str) -> None:
+    """Add ``jars`` (comma-separated paths) to a running session: Spark SQL's ``ADD JAR``
+    puts them on the class path of the session's data source look-ups in the calling thread
+    (and the query threads it starts) and ships them to the executors. Added again on every
+    call (a query restarted in place), since only the calling thread sees them; Spark then
+    only notes that the jar was added already."""
+    for jar in (part.strip() for part in jars.split(",")):
+        if jar:
+            spark.sql(f"ADD JAR '{jar}'")
 
 
 def copy(spark: Any) -> Any:
@@ -37,11 +65,7 @@ def copy(spark: Any) -> Any:
     out = _source(spark, spec).selectExpr(
         f"CAST({spec['id_expr']} AS STRING) AS key", f"CAST({spec['id_expr']} AS STRING) AS value"
     )
-    return (
-        out.writeStream.format(f"epochal.{spec['sink']}")
-        .options(**spec["sink_options"])
-        .outputMode("append")
-    )
+    return _sink(out, spec)
 
 
 def running_totals(events: Any, key_expr: str, id_column: str = "id") -> Any:
@@ -86,8 +110,4 @@ def aggregate(spark: Any) -> Any:
     groups = int(spec.get("groups", 10))
     events = _source(spark, spec).selectExpr(f"CAST({spec['id_expr']} AS BIGINT) AS id")
     totals = running_totals(events, f"id % {groups}")
-    return (
-        totals.writeStream.format(f"epochal.{spec['sink']}")
-        .options(**spec["sink_options"])
-        .outputMode("append")
-    )
+    return _sink(totals, spec)

@@ -61,7 +61,7 @@ from epochal_jdbc.copy import copy_batch
 
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.store import SnapshotStore
-from epochal_sdk import Field, Options, Prepared, TaskContext
+from epochal_sdk import ConnectorContext, Field, Options, Prepared
 from integration.bench.common import machine, quantile, rotated, spread, write_plot
 
 SCHEMA = (
@@ -147,7 +147,7 @@ def run_2pc(
     result = Result(TPC)
     for number, batch in enumerate(batches):
         started = time.perf_counter()
-        task = TaskContext("bench", sink_id, number, 0, 0, SCHEMA, run=1)
+        task = ConnectorContext("bench", sink_id, number, 0, 0, SCHEMA, run=1)
         writer = _sink(dsn, table, "transactional")
         txn = writer.begin(task)
         txn.write(batch)
@@ -157,7 +157,7 @@ def run_2pc(
         writer.close()
         t1 = time.perf_counter()
         driver = _sink(dsn, table, "transactional")
-        protocol = TwoPhaseCommit(store, driver, sink_id, task.prefix)
+        protocol = TwoPhaseCommit(store, driver, sink_id, task.transaction_prefix)
         protocol.decide(number, [prepared])
         t2 = time.perf_counter()
         driver._execute("SELECT 1")  # the connection: reused from the previous sink object
@@ -188,7 +188,7 @@ def run_plain(dsn: str, table: str, batches: list[pa.RecordBatch]) -> Result:
     result = Result(PLAIN)
     for number, batch in enumerate(batches):
         started = time.perf_counter()
-        task = TaskContext("bench", "jdbc-plain", number, 0, 0, SCHEMA, run=1)
+        task = ConnectorContext("bench", "jdbc-plain", number, 0, 0, SCHEMA, run=1)
         writer = _sink(dsn, table, "plain")
         txn = writer.begin(task)
         txn.write(batch)
@@ -210,7 +210,7 @@ def run_upsert(dsn: str, table: str, batches: list[pa.RecordBatch], name: str) -
     result = Result(name)
     for number, batch in enumerate(batches):
         started = time.perf_counter()
-        task = TaskContext("bench", "jdbc-upsert", number, 0, 0, SCHEMA, run=1)
+        task = ConnectorContext("bench", "jdbc-upsert", number, 0, 0, SCHEMA, run=1)
         upserts = _sink(dsn, table, "idempotent").open(task)
         upserts.write(batch)
         before_commit = time.perf_counter()

@@ -63,9 +63,18 @@ def cluster_env(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
     """The environment of a supervisor host: AWS_* for the object store, this machine's
-    directory for driver logs and run records."""
+    directory for driver logs and run records; and, as on every node of a cluster, a
+    credentials file (0600) for the executors, whose workers a standalone worker starts with
+    its own environment (the driver forwards the file's path, never a key)."""
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
+    credentials = tmp_path / "aws-credentials"
+    credentials.touch(mode=0o600)
+    credentials.write_text(
+        f"[default]\naws_access_key_id = {s3_server.access_key}\n"
+        f"aws_secret_access_key = {s3_server.secret_key}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.setenv(LOCAL_DIR_ENV, str(tmp_path / "host-a"))
     yield
 

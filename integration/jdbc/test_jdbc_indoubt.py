@@ -15,7 +15,7 @@ from epochal.ops.indoubt import main
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
-from epochal_sdk import Field, Options, Prepared, TaskContext
+from epochal_sdk import ConnectorContext, Field, Options, Prepared
 from integration.harness.plugin import PostgresDatabase
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ JOB, SINK_ID = "opsjob", "jdbc-ops"
 
 
 def _prepare(sink: JdbcSink, batch: int, key: str) -> Prepared:
-    task = TaskContext(JOB, SINK_ID, batch, 0, 0, SCHEMA, run=1)
+    task = ConnectorContext(JOB, SINK_ID, batch, 0, 0, SCHEMA, run=1)
     return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 

@@ -15,14 +15,15 @@ from epochal_jdbc import JdbcError, JdbcSink, TableName
 from epochal.testing import prepare_transaction
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     Field,
     Guarantee,
     Options,
     PoisonRecordError,
     Prepared,
+    RecoveryScope,
     RestartableError,
     SchemaMismatchError,
-    TaskContext,
 )
 from integration.harness.plugin import PostgresDatabase
 from integration.harness.postgres import LocalPostgres, PostgresServer
@@ -37,8 +38,8 @@ def _sink(db: PostgresDatabase, **options: str) -> JdbcSink:
     return JdbcSink(Options("jdbc", values))
 
 
-def _task(batch: int, partition: int = 0, attempt: int = 0, job: str = "j") -> TaskContext:
-    return TaskContext(job, "jdbc-1", batch, partition, attempt, SCHEMA, run=1)
+def _task(batch: int, partition: int = 0, attempt: int = 0, job: str = "j") -> ConnectorContext:
+    return ConnectorContext(job, "jdbc-1", batch, partition, attempt, SCHEMA, run=1)
 
 
 def _batch(*pairs: tuple[str | None, str | None]) -> pa.RecordBatch:
@@ -59,7 +60,7 @@ def _prepared(db: PostgresDatabase) -> list[str]:
     return [gid for (gid,) in rows]
 
 
-def _prepare(sink: JdbcSink, task: TaskContext, batch: pa.RecordBatch) -> Prepared:
+def _prepare(sink: JdbcSink, task: ConnectorContext, batch: pa.RecordBatch) -> Prepared:
     return prepare_transaction(sink, task, batch)
 
 
@@ -73,8 +74,10 @@ def test_two_phase_commit_is_invisible_until_committed_and_commit_is_idempotent(
     prepared = _prepare(sink, task, _batch(("a", "1"), ("b", "2")))
     assert _rows(postgres_db) == []
     assert _prepared(postgres_db) == [task.transaction_id]
-    assert [p.transaction_id for p in sink.in_doubt(task.prefix + ".")] == [task.transaction_id]
-    assert sink.in_doubt("ep.other.") == []
+    assert [p.transaction_id for p in sink.in_doubt(RecoveryScope(task.transaction_prefix))] == [
+        task.transaction_id
+    ]
+    assert sink.in_doubt(RecoveryScope("ep.other")) == []
     sink.commit(prepared)
     sink.commit(prepared)  # already committed: its marker says so
     assert _rows(postgres_db) == [("a", "1"), ("b", "2")]
@@ -320,7 +323,7 @@ def test_binary_and_nested_columns_take_the_row_by_row_copy(postgres_db: Postgre
     schema = (Field("key", "string"), Field("raw", "binary"), Field("tags", "array<string>"))
     sink = JdbcSink(Options("jdbc", {"url": postgres_db.dsn, "table": "b", "createTable": "1"}))
     sink.check(schema)
-    task = TaskContext("j", "jdbc-1", 1, 0, 0, schema, run=1)
+    task = ConnectorContext("j", "jdbc-1", 1, 0, 0, schema, run=1)
     txn = sink.begin(task)
     txn.write(
         pa.record_batch(

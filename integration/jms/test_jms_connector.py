@@ -14,13 +14,13 @@ from epochal_jms.testing import broker_config, browse, browse_until, send, url_o
 
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     Field,
     Guarantee,
     Options,
     PoisonRecordError,
     RestartableError,
     SchemaMismatchError,
-    TaskContext,
 )
 from integration.harness.jms import JmsQueue, JmsServer
 
@@ -176,12 +176,12 @@ def test_unreachable_broker_and_bad_login_are_clear_errors(config: Any) -> None:
         JmsSource(Options("jms", {"url": "http://x", "destination": "q"}))
 
 
-def _task(batch: int, partition: int = 0, attempt: int = 0, run: int = 0) -> TaskContext:
+def _task(batch: int, partition: int = 0, attempt: int = 0, run: int = 0) -> ConnectorContext:
     schema = (Field("key", "string"), Field("value", "string"))
-    return TaskContext("job-x", "jms-sink", batch, partition, attempt, schema, run)
+    return ConnectorContext("job-x", "jms-sink", batch, partition, attempt, schema, run)
 
 
-def _write(sink: JmsSink, task: TaskContext, ids: list[int]) -> None:
+def _write(sink: JmsSink, task: ConnectorContext, ids: list[int]) -> None:
     import pyarrow as pa
 
     writer = sink.open(task)

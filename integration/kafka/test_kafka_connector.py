@@ -18,13 +18,14 @@ from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
 
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     Field,
     Guarantee,
     Options,
+    RecoveryScope,
     RestartableError,
     SchemaMismatchError,
     Split,
-    TaskContext,
 )
 from integration.harness.kafka import KafkaServer
 
@@ -49,8 +50,8 @@ def _values(source: KafkaSource, split: Split) -> list[str]:
     return [v.decode() for b in source.read(split) for v in b.column("value").to_pylist()]
 
 
-def _task(job: str, batch: int, partition: int = 0, attempt: int = 0) -> TaskContext:
-    return TaskContext(job, "kafka-test", batch, partition, attempt, SCHEMA, run=1)
+def _task(job: str, batch: int, partition: int = 0, attempt: int = 0) -> ConnectorContext:
+    return ConnectorContext(job, "kafka-test", batch, partition, attempt, SCHEMA, run=1)
 
 
 def _batch(ids: list[int]) -> Any:
@@ -233,17 +234,17 @@ def test_recovery_fences_a_lingering_transaction_at_once(
     assert other.producer is not None
     other.producer.flush(30)
     assert unstable_partitions(kafka_server.bootstrap_servers, topic)
-    prefix = _task(job, 0).prefix
-    assert sink.in_doubt(f"{prefix}.1.") == []  # per-batch calls fence nothing
+    prefix = _task(job, 0).transaction_prefix
+    assert sink.in_doubt(RecoveryScope(prefix, "batch", 1)) == []  # per-batch: fences nothing
     assert unstable_partitions(kafka_server.bootstrap_servers, topic)
-    assert sink.in_doubt(f"{prefix}.") == []  # recovery: fences ids 0 and 1
+    assert sink.in_doubt(RecoveryScope(prefix)) == []  # recovery: fences ids 0 and 1
     assert unstable_partitions(kafka_server.bootstrap_servers, topic) == []
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
     assert values == ["1"]
     zombie.producer = other.producer = None
 
 
-def _commit(sink: KafkaSink, task: TaskContext, ids: list[int]) -> dict[str, Any]:
+def _commit(sink: KafkaSink, task: ConnectorContext, ids: list[int]) -> dict[str, Any]:
     """One task's whole transaction: begin, write, prepare, close."""
     txn = sink.begin(task)
     try:
@@ -272,7 +273,7 @@ def test_a_worker_keeps_its_transactional_producer_across_batches(
     reused = [_commit(sink, _task(job, b), [b])["reused"] for b in range(4)]
     assert reused == [False, True, True, True]
     assert sink.pool.created == 1
-    assert sink.pool.idle() == [f"{_task(job, 0).prefix}.0"]
+    assert sink.pool.idle() == [f"{_task(job, 0).transaction_prefix}.0"]
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
     assert values == ["0", "1", "2", "3"]
 
@@ -294,7 +295,8 @@ def test_a_kept_producer_that_was_fenced_is_replaced_before_it_writes(
     # Recovery (another process) fences the id; the marker still names one's producer, so
     # one tries it: send_offsets_to_transaction() is refused (fenced), before any record.
     recovery = _worker(kafka_server, topic)
-    assert recovery.fence(_task(job, 0).prefix) == [f"{_task(job, 0).prefix}.0"]
+    prefix = _task(job, 0).transaction_prefix
+    assert recovery.fence(prefix) == [f"{prefix}.0"]
     assert _commit(one, _task(job, 3), [3])["reused"] is False
     assert one.pool.created == 3
     assert _commit(one, _task(job, 4), [4])["reused"] is True

@@ -9,8 +9,10 @@ Four contracts, one per way a system can take part in a snapshot:
 * :class:`IdempotentSink`: upsert by a stable key.
 
 Every source and sink gets a :class:`ConnectorContext` (``self.context``: job, part id, run,
-query id, batch, partition, attempt, metrics); ids are built by :class:`TransactionId`,
-:class:`WriterId` and :class:`RecordId`.
+query id, batch, partition, attempt, metrics); a sink's tasks get one too, with the ids
+derived from it (:class:`TransactionId`, :class:`WriterId`, :class:`RecordId`).
+
+``__all__`` is what a connector author uses; the runtime's own helpers stay in the modules.
 """
 
 from epochal_sdk.connector import Connector
@@ -25,28 +27,17 @@ from epochal_sdk.errors import (
     RestartableError,
     SchemaMismatchError,
     SnapshotError,
-    job_starting,
     unreachable,
 )
-from epochal_sdk.guarantees import Guarantee, weakest
-from epochal_sdk.hookspecs import hookimpl, hookspec
-from epochal_sdk.ids import (
-    RecordId,
-    RecoveryScope,
-    TransactionId,
-    WriterId,
-    batch_of,
-    transaction_prefix,
-)
+from epochal_sdk.guarantees import Guarantee
+from epochal_sdk.ids import RecordId, RecoveryScope, TransactionId, WriterId
 from epochal_sdk.options import Options
-from epochal_sdk.schema import Field, Schema, column_names, ddl, parse_ddl, row_of
+from epochal_sdk.schema import Field, Schema, row_of
 from epochal_sdk.sinks import (
     IdempotentSink,
     IdempotentWriter,
     Prepared,
     Sink,
-    SinkWriter,
-    TaskContext,
     Transaction,
     TransactionalSink,
 )
@@ -87,24 +78,13 @@ __all__ = [
     "Schema",
     "SchemaMismatchError",
     "Sink",
-    "SinkWriter",
     "SnapshotError",
     "Source",
     "Split",
-    "TaskContext",
     "Transaction",
     "TransactionId",
     "TransactionalSink",
     "WriterId",
-    "batch_of",
-    "column_names",
-    "ddl",
-    "hookimpl",
-    "hookspec",
-    "job_starting",
-    "parse_ddl",
     "row_of",
-    "transaction_prefix",
     "unreachable",
-    "weakest",
 ]

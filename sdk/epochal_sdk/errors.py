@@ -3,6 +3,17 @@
 The runtime classifies failures by these types: :class:`RestartableError` (and
 ``ConnectionError``/``TimeoutError``) restarts the job from its last snapshot; every other
 error fails the job with its message.
+
+A failure reaches the runtime as text (a Python error crosses Spark's JVM as its
+traceback), so the classification goes by names in that text: a :class:`RestartableError`
+(it carries :data:`RESTARTABLE_MARK`), Python's ``ConnectionError`` family and
+``TimeoutError``, "Connection refused"/"Connection reset" restart the job; epochal's fatal
+types (:class:`ConfigError`, :class:`SchemaMismatchError`, :class:`GuaranteeError`,
+:class:`SnapshotError`, :class:`PoisonRecordError`) fail it even when a restartable error
+is in the same text. A client library's own exception (``psycopg.OperationalError``,
+``confluent_kafka.KafkaException``, ``stomp.exception.ConnectFailedException``) is none of
+these: catch its transient errors where they happen and raise
+``RestartableError("what was lost") from error``; everything else fails the job.
 """
 
 from __future__ import annotations
@@ -11,7 +22,8 @@ import os
 
 RESTARTABLE_MARK = "[epochal:restartable]"
 """Marker carried in the message of restartable errors, so that the classification survives
-the trip through Spark's JVM, where only the text of a Python exception is kept."""
+the trip through Spark's JVM, where only the text of a Python exception is kept. A
+connector never writes it itself: it raises :class:`RestartableError`."""
 
 
 class EpochalError(Exception):
@@ -41,19 +53,35 @@ class ConfigError(EpochalError):
 
 
 class SchemaMismatchError(EpochalError):
-    """The data's columns do not fit the target (a table, a map, a topic's format)."""
+    """The data's columns do not fit the target (a table, a map, a topic's format).
+
+    Raise it from :meth:`Sink.check <epochal_sdk.Sink.check>` (or wherever a mismatch
+    shows) with one message that names the columns and what to change; the job fails.
+    """
 
 
 class GuaranteeError(EpochalError):
-    """A job asks for a guarantee that one of its connectors cannot keep."""
+    """A job asks for a guarantee that one of its connectors cannot keep.
+
+    Raised by the runtime when it compares the job's guarantee with each part's
+    ``max_guarantee()``; a connector lowers its guarantee there instead of raising this.
+    """
 
 
 class PoisonRecordError(EpochalError):
-    """One record cannot be processed. Names the record; nothing else is skipped."""
+    """One record cannot be processed. Names the record; nothing else is skipped.
+
+    The job fails with the message (a record is never dropped silently): say which record
+    (its key, its position, its message ID) and how to get past it.
+    """
 
 
 class SnapshotError(EpochalError):
-    """Snapshot data is missing or corrupt; the job refuses to run on it."""
+    """Snapshot data is missing or corrupt; the job refuses to run on it.
+
+    Raised by the runtime about its own snapshot; a connector raises the subclass
+    :class:`DataGoneError` about data of its system.
+    """
 
 
 class DataGoneError(SnapshotError):
@@ -84,11 +112,25 @@ class DataGoneError(SnapshotError):
 
 
 class FencedError(EpochalError):
-    """This process lost its job lease: another driver owns the job now."""
+    """This process lost its job lease: another driver owns the job now.
+
+    Raised by the runtime's fence checks (before a commit decision, an acknowledgement, a
+    prepare); a connector lets it through and never raises it.
+    """
 
 
 class RestartableError(EpochalError):
-    """A transient failure (lost connection, timeout): restart the job from its last snapshot."""
+    """A transient failure (lost connection, timeout): restart the job from its last snapshot.
+
+    Raise it from anywhere a connector runs (the driver's source runner, a task, a commit)
+    when the system was there and was lost; the supervisor restarts the job (with backoff,
+    within the job's restart limit) and recovery repairs what the failure interrupted. For
+    a server that does not answer in ``check``, use :func:`unreachable` instead: it tells a
+    wrong address at the first start from a lost server later.
+
+    Args:
+        message: what was lost and where (no secret: the message is masked anyway).
+    """
 
     def __init__(self, message: str) -> None:
         super().__init__(f"{message} {RESTARTABLE_MARK}")
@@ -104,6 +146,10 @@ def job_starting() -> bool:
 
     Outside a job (a script or a test calling ``check()``) this is ``True``: there is nothing
     to restart, so a failure is reported as it is.
+
+    Returns:
+        True at the first start of a job (and outside a job), False in every later run and
+        in tasks.
     """
     return os.environ.get(STARTING_ENV, "1") == "1"
 
@@ -115,6 +161,23 @@ def unreachable(connector: str, option: str, problem: str, fix: str) -> EpochalE
     :class:`ConfigError` fails the job at once with ``fix``. Once the job has run, the same
     failure is a server that worked and was lost: a :class:`RestartableError` restarts the job
     from its last snapshot (with backoff, within the job's restart limit).
+
+    Example, in ``check``::
+
+        try:
+            client.ping()
+        except client_library.ConnectionError as error:
+            raise unreachable("mine", "url", str(error), "Check the url option.") from error
+
+    Args:
+        connector: the connector's name.
+        option: the option that names the server (``url``, ``bootstrap``).
+        problem: what happened (the client's message; secrets are masked).
+        fix: what the user should check at the first start.
+
+    Returns:
+        The error to raise, a :class:`ConfigError` at a job's first start, else a
+        :class:`RestartableError`.
     """
     if job_starting():
         return ConfigError(connector, option, problem, fix)

@@ -12,15 +12,31 @@ class Guarantee(enum.IntEnum):
     * ``NONE``: no snapshot cooperation; records may be lost or duplicated after a failure.
     * ``AT_LEAST_ONCE``: nothing is lost; records may be processed again after a failure.
     * ``EXACTLY_ONCE``: nothing is lost and every record's effect is visible once.
+
+    A connector says what it can give with ``MAX_GUARANTEE`` or ``max_guarantee()``; the job
+    runs at the weakest of its own setting and its parts'. Compare with ``<``/``>=``.
     """
 
     NONE = 0
+    """No snapshot cooperation; records may be lost or duplicated after a failure."""
     AT_LEAST_ONCE = 1
+    """Nothing is lost; records may be processed again after a failure."""
     EXACTLY_ONCE = 2
+    """Nothing is lost and every record's effect is visible once."""
 
     @classmethod
     def parse(cls, text: str | Guarantee) -> Guarantee:
-        """Parse ``"exactly-once"``, ``"EXACTLY_ONCE"``, ``"at_least_once"``, ``"none"``."""
+        """Parse ``"exactly-once"``, ``"EXACTLY_ONCE"``, ``"at_least_once"``, ``"none"``.
+
+        Args:
+            text: the guarantee as a user wrote it (or a Guarantee, returned as it is).
+
+        Returns:
+            The guarantee.
+
+        Raises:
+            ValueError: ``text`` names no guarantee (the message lists the choices).
+        """
         if isinstance(text, Guarantee):
             return text
         key = str(text).strip().upper().replace("-", "_").replace(" ", "_")

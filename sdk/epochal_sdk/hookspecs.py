@@ -6,7 +6,7 @@ entry point group::
     map = "epochal_map.plugin"
 
     # epochal_map/plugin.py
-    from epochal_sdk import hookimpl
+    from epochal_sdk.hookspecs import hookimpl
 
     @hookimpl
     def register_connectors(register):

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Field:
     """One column: its name, its Spark SQL type name (``string``, ``bigint``, ``binary`` ...)
-    and whether it may hold nulls."""
+    and whether it may hold nulls.
+
+    Attributes:
+        name: the column's name.
+        type: its Spark SQL type as DDL writes it (``bigint``, ``array<string>``,
+            ``decimal(10,2)``).
+        nullable: whether it may hold nulls.
+    """
 
     name: str
     type: str
@@ -16,7 +23,8 @@ class Field:
 
 
 Schema = tuple[Field, ...]
-"""The columns a sink receives, in order."""
+"""The columns a sink receives, in order: what :meth:`Sink.check <epochal_sdk.Sink.check>`
+gets and :attr:`ConnectorContext.schema <epochal_sdk.ConnectorContext.schema>` holds."""
 
 
 def ddl(schema: Schema) -> str:
@@ -60,7 +68,15 @@ def column_names(text: str) -> tuple[str, ...]:
 
 def row_of(values: dict[str, object], columns: tuple[str, ...]) -> tuple[object, ...]:
     """A dict row as a tuple in ``columns`` order (missing columns are None). ``read`` may
-    also yield dicts as they are: the runtime does this for you."""
+    also yield dicts as they are: the runtime does this for you.
+
+    Args:
+        values: a row by column name.
+        columns: the column names in order (``self.columns()`` of a source).
+
+    Returns:
+        The row as a tuple.
+    """
     return tuple(values.get(c) for c in columns)
 
 

@@ -2,6 +2,22 @@
 
 A connector author implements one of these and never touches Spark. The runtime turns it into
 a Spark streaming source, stores what the snapshot needs and decides when to acknowledge.
+
+Where a source's code runs (one process of each kind, each with its own source objects;
+nothing in memory survives from one process to the next):
+
+* **the driver's long-lived source runner**: the Python worker Spark keeps on the driver for
+  the life of one query run (from a query start to its stop or crash). It builds one source
+  object, calls :meth:`~epochal_sdk.Source.check` on it first, then plans every batch with it
+  (:class:`ReplayableSource`: ``partitions``, ``latest_offsets``, ...;
+  :class:`AcknowledgingSource`: ``open`` once, then ``receive`` and ``acknowledge``) and
+  calls :meth:`~epochal_sdk.Source.close` when the query stops. A crash or a restart ends
+  the process (without ``close``); the next run starts a new one.
+* **a task on an executor** (replayable sources only): a new source object per task, whose
+  :meth:`~epochal_sdk.ReplayableSource.read` reads one split and whose ``close`` is called
+  right after. An acknowledging source is never built in a task: tasks read the stored batch.
+* **the driver's planner**: builds a short-lived source object to ask for
+  :meth:`~epochal_sdk.Source.schema` when a query is defined.
 """
 
 from __future__ import annotations
@@ -20,21 +36,29 @@ if TYPE_CHECKING:
     import pyarrow
 
 Offset = Any
-"""A position in one partition: a JSON value (an int for most sources)."""
+"""A position in one partition: a JSON value (an int for most sources). Offsets are compared
+with ``==`` (a split whose start equals its end is empty) and stored as JSON, so use ints,
+strings or lists of them, never floats or objects."""
 
 Offsets = dict[str, Offset]
 """Positions by partition id. Stored in Spark's offset log, i.e. in the snapshot."""
 
 Rows = Iterator["tuple[Any, ...] | dict[str, Any] | pyarrow.RecordBatch"]
-"""What ``read`` yields: tuples in the order of :meth:`Source.schema`'s columns, dicts by
-column name (missing columns are null), or Arrow record batches in the schema (much
-faster)."""
+"""What ``read`` yields: tuples in the order of :meth:`~epochal_sdk.Source.schema`'s
+columns, dicts by column name (missing columns are null), or Arrow record batches in the
+schema (much faster)."""
 
 
 @dataclass(frozen=True)
 class Split:
     """A range of one partition that one Spark task reads: ``start`` inclusive, ``end``
-    exclusive, both as returned by the source's offsets."""
+    exclusive, both as returned by the source's offsets.
+
+    Attributes:
+        partition: the partition's id (one of :meth:`ReplayableSource.partitions`).
+        start: the first offset to read (inclusive).
+        end: the offset after the last one to read (exclusive).
+    """
 
     partition: str
     start: Offset
@@ -42,9 +66,21 @@ class Split:
 
 
 class Source(ABC):
-    """What every source has: options, a schema and the strongest guarantee it can give."""
+    """What every source has: options, a schema and the strongest guarantee it can give.
+
+    Subclass :class:`ReplayableSource` or :class:`AcknowledgingSource`, never this class
+    directly. The runtime builds the source as ``YourSource(options)`` wherever it needs one
+    (see the module doc: the driver's source runner, each read task, the planner), so keep
+    the constructor cheap: read and check options there, open connections later.
+
+    Attributes:
+        options: the options the user gave the source (``.option(...)``), typed getters
+            included; ``options.context`` is :attr:`context`.
+    """
 
     MAX_GUARANTEE: ClassVar[Guarantee] = Guarantee.EXACTLY_ONCE
+    """The strongest guarantee the connector can give; the default of :meth:`max_guarantee`.
+    A connector that cannot replay exactly says so here (e.g. ``Guarantee.AT_LEAST_ONCE``)."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -58,29 +94,67 @@ class Source(ABC):
 
     @abstractmethod
     def schema(self) -> str:
-        """The columns this source produces, as a Spark DDL string (``"id bigint, v string"``)."""
+        """The columns this source produces, as a Spark DDL string (``"id bigint, v string"``).
+
+        Called on the driver when a query is defined (by the planner, on a short-lived
+        object). It must return the same columns every time for the same options: a
+        restarted job reads its snapshot's rows in this schema.
+
+        Returns:
+            A Spark DDL string, ``"<name> <type>, ..."``.
+        """
 
     def columns(self) -> tuple[str, ...]:
-        """The column names of :meth:`schema`, in order: the order of a tuple row."""
+        """The column names of :meth:`schema`, in order: the order of a tuple row.
+
+        Returns:
+            The names, e.g. ``("id", "v")``.
+        """
         return column_names(self.schema())
 
     def max_guarantee(self) -> Guarantee:
-        """The strongest guarantee this source can give with these options and this server."""
+        """The strongest guarantee this source can give with these options and this server.
+
+        Called in the driver's source runner at every query start, after :meth:`check`; the
+        job's guarantee is lowered to it (or the job refused) as the job's settings say.
+        Override to look at options or the server; the default is :attr:`MAX_GUARANTEE`.
+
+        Returns:
+            A :class:`~epochal_sdk.Guarantee`.
+        """
         return self.MAX_GUARANTEE
 
     def guarantee_reason(self) -> str:
         """Why :meth:`max_guarantee` is below exactly-once, if it is (shown when the runtime
-        refuses or downgrades the job). Empty by default."""
+        refuses or downgrades the job). Empty by default.
+
+        Returns:
+            One sentence for the user, or ``""``.
+        """
         return ""
 
     def check(self) -> None:
-        """Called on the driver at the start of every run, before its first batch: fail here,
-        with a clear error, on bad options, a missing topic or table, an unreachable server
-        (raise :func:`~epochal_sdk.errors.unreachable`: it fails a job that starts and
-        restarts a job that ran)."""
+        """Fail early, with a clear error, on what would make the job fail later.
+
+        Called in the driver's source runner at the start of every run (each query start:
+        the first one, a restart in place, a new driver), before :meth:`max_guarantee` and
+        before the first batch is planned; on an acknowledging source also before
+        :meth:`~AcknowledgingSource.open`. Raise on bad options, a missing topic or table, an
+        unreachable server (raise what :func:`~epochal_sdk.unreachable` returns: it fails a
+        job that starts and restarts a job that ran). A source's ``check`` never creates what
+        it reads.
+
+        Raises:
+            ~epochal_sdk.ConfigError: an option is missing or wrong
+                (``self.options.error(...)``).
+        """
 
     def close(self) -> None:
-        """Release connections. Called when the source is no longer needed."""
+        """Release connections. Called when this object is no longer needed: after
+        :meth:`check` (the runtime checks on an object of its own), after a task's
+        :meth:`~ReplayableSource.read`, and when the query stops (the source runner's
+        object). Never called on a process that is killed; it may be called twice, and on an
+        object that never opened anything."""
 
 
 class ReplayableSource(Source):
@@ -94,6 +168,15 @@ class ReplayableSource(Source):
     One instance is created on the driver to plan batches and one in each task to read, so
     open connections lazily and keep no state between ``read`` calls.
 
+    How one batch goes: the driver's source runner calls :meth:`partitions`,
+    :meth:`initial_offsets` (for partitions it has not seen), :meth:`latest_offsets` and, with
+    a read limit, :meth:`limit`, at every trigger (also when nothing new arrived: that is how
+    the runtime learns there is no batch to run); when the end differs from the start, the
+    batch's offsets are written to the snapshot and :meth:`splits` divides the range into
+    tasks; each task calls :meth:`read` on a new object. After a crash, the batches that were
+    planned but not committed are planned again from the offsets in the snapshot and read
+    again: the same :class:`Split` ranges, so ``read`` must give the same records.
+
     Partitions may come and go. A new partition joins at its :meth:`initial_offsets` and is
     read from the next batch. A partition that :meth:`partitions` no longer lists keeps its
     last offset in the snapshot and is simply not read (nothing of it is planned); if it comes
@@ -105,24 +188,80 @@ class ReplayableSource(Source):
 
     @abstractmethod
     def partitions(self) -> list[str]:
-        """The current partition ids. New ids are picked up at the next batch."""
+        """The current partition ids. New ids are picked up at the next batch.
+
+        Called in the driver's source runner at the first start of a job and at every
+        trigger (each attempt to plan a batch, every trigger interval, also when idle), so
+        keep it cheap (one listing call).
+
+        Returns:
+            Partition ids, as strings (the keys of :data:`~epochal_sdk.sources.Offsets`).
+        """
 
     @abstractmethod
     def initial_offsets(self, partitions: Sequence[str]) -> Offsets:
-        """Where a new job (or a newly discovered partition) starts reading."""
+        """Where a new job (or a newly discovered partition) starts reading.
+
+        Called in the driver's source runner: once for every partition when a job starts
+        with an empty checkpoint, and at a trigger for each partition that appears in
+        :meth:`partitions` for the first time. Usually the beginning of the data, or its end
+        when an option says to start from new data only.
+
+        Args:
+            partitions: the partitions to give a start for.
+
+        Returns:
+            An offset for each of ``partitions``.
+        """
 
     @abstractmethod
     def latest_offsets(self, partitions: Sequence[str]) -> Offsets:
-        """The end of the data available now in each partition (exclusive)."""
+        """The end of the data available now in each partition (exclusive).
+
+        Called in the driver's source runner at every trigger (with Trigger.AvailableNow once,
+        at the query's start). Count only data that :meth:`read` can read in full and that
+        will not change (e.g. whole lines of a file another process appends to, committed
+        rows of a table).
+
+        Args:
+            partitions: the partitions listed by :meth:`partitions` at this trigger.
+
+        Returns:
+            The exclusive end offset of each of ``partitions``.
+        """
 
     @abstractmethod
     def read(self, split: Split) -> Rows:
         """Yield exactly the records of ``split``, in order, every time it is called: tuples
         in :meth:`columns` order, dicts by column name, or Arrow record batches. Raise
-        :class:`~epochal_sdk.DataGoneError` when records of the range are gone."""
+        :class:`~epochal_sdk.DataGoneError` when records of the range are gone.
+
+        Called in a task on an executor, on a new source object (closed after the task),
+        once per split of a batch and again for every retry of the task and every replay of
+        the batch after a crash: each call must give the same records.
+        ``self.context.batch`` and ``self.context.partition`` name the batch and the Spark
+        task.
+
+        Args:
+            split: the partition and the offsets ``[start, end)`` to read.
+
+        Returns:
+            An iterator of rows (:data:`~epochal_sdk.sources.Rows`).
+
+        Raises:
+            ~epochal_sdk.DataGoneError: records of the range no longer exist.
+        """
 
     def max_records_per_batch(self) -> int | None:
-        """The read limit per batch (admission control), usually from an option."""
+        """The read limit per batch (admission control), usually from an option.
+
+        Called in the driver's source runner at each query start. The default reads the
+        ``maxRecordsPerBatch`` option (records); None means no limit (a batch takes all that
+        :meth:`latest_offsets` reports).
+
+        Returns:
+            The most records one batch may read, or None.
+        """
         return self.options.int("maxRecordsPerBatch", None, minimum=1)
 
     def limit(self, start: Offsets, latest: Offsets, max_records: int) -> Offsets:
@@ -130,6 +269,17 @@ class ReplayableSource(Source):
 
         The default works for integer offsets that count records; it shares the limit evenly
         between the partitions that have data. Override it for other offsets.
+
+        Called in the driver's source runner at every trigger when there is a read limit
+        (:meth:`max_records_per_batch`).
+
+        Args:
+            start: where the batch starts, per partition.
+            latest: what :meth:`latest_offsets` reported, per partition.
+            max_records: the read limit (records).
+
+        Returns:
+            The batch's end offsets, for each partition between its start and its latest.
         """
         pending = {p: max(0, int(latest[p]) - int(start.get(p, latest[p]))) for p in latest}
         end = dict(latest)
@@ -152,7 +302,19 @@ class ReplayableSource(Source):
         return end
 
     def splits(self, start: Offsets, end: Offsets) -> list[Split]:
-        """The tasks of one batch: by default one split per partition that has data."""
+        """The tasks of one batch: by default one split per partition that has data.
+
+        Called in the driver's source runner once for each planned batch, and again for a
+        batch that is planned again after a crash (with the same offsets: return the same
+        splits). Override to cut a large range into several tasks.
+
+        Args:
+            start: the batch's start offsets (inclusive).
+            end: the batch's end offsets (exclusive).
+
+        Returns:
+            The splits, one Spark task each.
+        """
         return [
             Split(p, start[p], end[p]) for p in sorted(end) if p in start and start[p] != end[p]
         ]
@@ -160,12 +322,19 @@ class ReplayableSource(Source):
 
 @dataclass(frozen=True)
 class Message:
-    """One message of an acknowledging source.
+    """One message of an acknowledging source, as :meth:`AcknowledgingSource.receive`
+    returns it.
 
-    Args:
-        id: a stable ID: the same message redelivered carries the same ID.
+    Attributes:
+        id: a stable ID: the same message redelivered carries the same ID (the runtime drops
+            a redelivery by it and passes it to :meth:`AcknowledgingSource.acknowledge`).
+            Never an ID of one delivery (a delivery tag, a receipt handle).
         row: the message as a tuple in the source's schema order, or a dict by column name.
-        redelivered: the broker says it delivered this message before.
+        redelivered: the broker says it delivered this message before (JMS
+            ``JMSRedelivered``, a pending entry read again or claimed). The runtime warns
+            when such a message is not in its dedupe window.
+        headers: the broker's headers, for the connector's own use; the runtime neither
+            stores nor reads them (put what the pipeline needs into ``row``).
     """
 
     id: str
@@ -175,23 +344,78 @@ class Message:
 
 
 class AcknowledgingSource(Source):
-    """A source that redelivers what is not acknowledged (a JMS queue, a STOMP destination).
+    """A source that redelivers what is not acknowledged (a JMS queue, a STOMP destination,
+    or a log with pending lists: Redis Streams consumer groups, Kafka share groups, NATS
+    JetStream, SQS).
 
     The runtime keeps one instance open on the driver for the life of a query. It stores each
     batch's messages and IDs in the snapshot before the batch is planned, acknowledges only
     after the snapshot that covers them is complete, and drops redelivered IDs it has already
     stored. The connector only receives and acknowledges.
+
+    Every call below runs in the driver's long-lived source runner, on one object per query
+    run: :meth:`~Source.check`, :meth:`open` once, then :meth:`receive` at every trigger and
+    :meth:`acknowledge` after every snapshot, :meth:`~Source.close` when the query stops.
+    Tasks never build the source. After a crash a new process opens a new object: every
+    message received but not acknowledged before must come back from the system (a broker
+    redelivers it to the new session by itself; a pull-based log must read its own pending
+    entries again and claim those of consumers that are gone; see docs/guides).
+
+    At-least-once, the runtime keeps batches in memory instead of the snapshot and
+    acknowledges once Spark committed them; nothing is dropped as a redelivery.
     """
 
     @abstractmethod
     def open(self, max_unacknowledged: int) -> None:
         """Connect and subscribe. Never hold more than ``max_unacknowledged`` unacknowledged
-        messages (size the broker's prefetch from it)."""
+        messages (size the broker's prefetch from it).
+
+        Called once per query run in the driver's source runner, before the first
+        :meth:`receive` (at the first trigger, after :meth:`~Source.check`). A source over a
+        log with pending lists starts here what :meth:`receive` replays: its own pending
+        entries first.
+
+        Args:
+            max_unacknowledged: twice the read limit (``maxRecordsPerBatch``, default 10,000
+                records): the batch waiting for its snapshot and the next one. A broker's
+                prefetch (or consumer window) sized by it keeps messages from piling up
+                unacknowledged in this process.
+        """
 
     @abstractmethod
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
-        """Up to ``max_messages`` messages, waiting at most ``timeout`` seconds for the first."""
+        """Up to ``max_messages`` messages, waiting at most ``timeout`` seconds for the first.
+
+        Called in the driver's source runner at every trigger (each attempt to plan a batch,
+        also when idle), and again at once when every message it returned was a redelivery
+        the runtime already holds. Not called while a batch stored before a crash waits to
+        be planned again. What it returns is stored (exactly-once) before anything is
+        acknowledged; do not acknowledge here.
+
+        Args:
+            max_messages: the most messages to return (records: the read limit,
+                ``maxRecordsPerBatch``).
+            timeout: seconds to wait for the first message when none is there (the
+                ``receiveTimeoutMs`` option / 1000; 0.2 by default; may be 0: do not wait).
+
+        Returns:
+            The messages, in the order received; an empty list when none came in
+            ``timeout`` (the runtime then plans no batch at this trigger).
+        """
 
     @abstractmethod
     def acknowledge(self, ids: Sequence[str]) -> None:
-        """Acknowledge these messages. Must tolerate IDs already acknowledged."""
+        """Acknowledge these messages. Must tolerate IDs already acknowledged.
+
+        Called in the driver's source runner after the snapshot that covers a batch is
+        complete: once per batch with its IDs (and the redeliveries of it the runtime
+        dropped), in batch order; and at once for a redelivery of a batch acknowledged
+        before. After a restart it also gets the IDs of a batch stored by the crashed
+        process, received by an earlier object or session: acknowledge them if the system
+        can (a pull-based log can: ``XACK`` takes any pending ID), ignore them if it cannot
+        (a broker redelivers them to this session, and the runtime drops and acknowledges
+        the redeliveries). Never raise for an unknown or settled ID.
+
+        Args:
+            ids: message IDs (:attr:`Message.id`): one batch's, or fewer.
+        """

@@ -15,12 +15,13 @@ import pytest
 from epochal_map import MapConnector, MapJournalSource, MapSink, MapStore, MapStoreError
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     Field,
     Options,
     PoisonRecordError,
     Prepared,
+    RecoveryScope,
     SchemaMismatchError,
-    TaskContext,
     hookspecs,
 )
 
@@ -36,8 +37,8 @@ def sink(path: Path, **options: str) -> MapSink:
     return MapSink(Options("map", {"path": str(path), "map": "m", **options}))
 
 
-def task(batch_id: int = 0, partition: int = 0, attempt: int = 0) -> TaskContext:
-    return TaskContext("job_1", "sink", batch_id, partition, attempt, SCHEMA)
+def task(batch_id: int = 0, partition: int = 0, attempt: int = 0) -> ConnectorContext:
+    return ConnectorContext("job_1", "sink", batch_id, partition, attempt, SCHEMA)
 
 
 def batch(**columns: list[object]) -> pa.RecordBatch:
@@ -116,12 +117,12 @@ def test_prepare_is_invisible_until_commit(path: Path) -> None:
     assert entries(path) == {}
     assert journal_size(path) == 0
     prepared = Prepared(task().transaction_id, data)
-    assert s.in_doubt(task().prefix) == [prepared]
+    assert s.in_doubt(RecoveryScope(task().transaction_prefix)) == [prepared]
     s.commit(prepared)
     s.commit(prepared)  # idempotent
     assert entries(path) == {"a": "1", "b": "2"}
     assert journal_size(path) == 2
-    assert s.in_doubt(task().prefix) == []
+    assert s.in_doubt(RecoveryScope(task().transaction_prefix)) == []
 
 
 def test_rollback_drops_a_prepared_transaction(path: Path) -> None:
@@ -131,7 +132,7 @@ def test_rollback_drops_a_prepared_transaction(path: Path) -> None:
     prepared = Prepared(task(partition=1).transaction_id, txn.prepare())
     s.rollback(prepared)
     s.rollback(prepared)  # idempotent
-    assert s.in_doubt("") == []
+    assert s.in_doubt(RecoveryScope(task().transaction_prefix)) == []
     assert entries(path) == {}
     with pytest.raises(MapStoreError, match="rolled back"):
         s.commit(prepared)
@@ -149,12 +150,12 @@ def test_abort_drops_and_fences_the_attempt(path: Path) -> None:
 
 def test_in_doubt_only_for_this_prefix(path: Path) -> None:
     s = sink(path, mode="transactional")
-    other = TaskContext("jobX1", "sink", 0, 0, 0, SCHEMA)
+    other = ConnectorContext("jobX1", "sink", 0, 0, 0, SCHEMA)
     for t in (task(), task(partition=1), other):
         txn = s.begin(t)
         txn.write(batch(key=[t.transaction_id], value=["v"]))
         txn.prepare()
-    found = [p.transaction_id for p in s.in_doubt(task().prefix)]
+    found = [p.transaction_id for p in s.in_doubt(RecoveryScope(task().transaction_prefix))]
     assert found == [task().transaction_id, task(partition=1).transaction_id]
 
 

@@ -3,9 +3,13 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,8 @@ import pytest
 from epochal import Job, JobConfig, JobStatus
 from epochal.control import processes
 from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
+from epochal.driver.session import SessionProfile
+from epochal.parts import registry
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
@@ -169,20 +175,48 @@ def test_auto_restart_off_holds_for_a_failure_the_driver_would_restart_in_place(
     assert record.restarts == 0 and len(record.runs) == 1, record.runs
 
 
+CONF_SECRET = "conf-5ecret-f0ur"
+"""What the secret-scan job gives Spark in a setting (``spark.hadoop.fs.s3a.secret.key``)."""
+
+
+@pytest.fixture
+def secretmap_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test connector ``secretmap`` (tests/unit/plugins/secretmap.py: the map sink with
+    a ``password``, a ``token`` and an ``endpoint`` option), here and in the drivers, as the
+    sink of ``pipelines``' jobs."""
+    plugins = str(Path(__file__).resolve().parents[1] / "unit" / "plugins")
+    monkeypatch.syspath_prepend(plugins)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([plugins, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(registry.EXTRA_PLUGINS_ENV, "secretmap")
+    monkeypatch.setenv("EPOCHAL_TEST_SINK", "secretmap")
+    registry.plugin_manager.cache_clear()
+    yield
+    registry.plugin_manager.cache_clear()
+
+
 def test_no_secret_reaches_a_file_a_log_an_id_or_a_command_line(
-    tmp_path: Path, map_path: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, map_path: str, secretmap_plugin: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A job whose sink is given secrets (an option named like one, a ``${env:...}``
-    reference, a password in a URL): no file under the snapshot directory (records, store,
-    metrics, logs) and no command line of the run's processes holds one, and every file
-    the job wrote is its owner's only."""
+    """A job whose sink is given secrets (an option named like one, a ``${file:...}``
+    reference, a password in a URL) and whose Spark settings hold one
+    (``spark.hadoop.fs.s3a.secret.key`` as a ``${env:...}`` reference, which the driver
+    resolves and hands to its JVM after it started): no file under the snapshot directory
+    (records, store, metrics, logs) and no command line of the run's processes (the
+    supervisor's Python driver, its JVM, PySpark's daemon and workers) holds one, and every
+    file the job wrote is its owner's only."""
     from pipelines import SECRETS
 
     token_file = tmp_path / "token"
     token_file.touch(mode=0o600)
     token_file.write_text(SECRETS[1])
     monkeypatch.setenv("EPOCHAL_TEST_TOKEN_FILE", str(token_file))
-    config = _config(tmp_path, available_now=False, snapshot_interval=0.5)
+    monkeypatch.setenv("EPOCHAL_TEST_CONF_SECRET", CONF_SECRET)
+    secrets = (*SECRETS, CONF_SECRET)
+    spark_conf = {
+        **TEST_SPARK_CONF,
+        "spark.hadoop.fs.s3a.secret.key": "${env:EPOCHAL_TEST_CONF_SECRET}",
+    }
+    config = _config(tmp_path, available_now=False, snapshot_interval=0.5, spark_conf=spark_conf)
     job = Job.submit("secrets", "pipelines:copy_with_secrets", config, report=lambda _: None)
     _wait(
         lambda: len(_output(map_path)) == 200 or job.status().status.finished,
@@ -191,20 +225,79 @@ def test_no_secret_reaches_a_file_a_log_an_id_or_a_command_line(
     assert not job.status().status.finished, job.status().failure
     token = str(job.status().driver.get("token"))
     command_lines = [processes.command_line(pid) for pid in processes.processes_of(token)]
-    assert command_lines, "no process of the run found"
+    assert any(b"java" in line for line in command_lines), "the driver's JVM was not found"
     job.suspend()  # keeps the snapshots (a cancel deletes them)
     assert job.join(120).status == JobStatus.SUSPENDED
     assert list((tmp_path / "snapshots" / "secrets").rglob("parts/sink-*")), "no part record"
     for line in command_lines:
-        assert not any(s.encode() in line for s in SECRETS), line[:300]
+        assert not any(s.encode() in line for s in secrets), line[:300]
     written = [p for p in (tmp_path / "snapshots").rglob("*") if p.is_file()]
     assert written, "the job wrote nothing"
     for path in written:
         data = path.read_bytes()
-        assert not any(s.encode() in data for s in SECRETS), path
+        assert not any(s.encode() in data for s in secrets), path
+    record = (tmp_path / "snapshots" / "secrets" / "job.json").read_text()
+    assert "${env:EPOCHAL_TEST_CONF_SECRET}" in record, "job.json lost the reference"
     for path in (tmp_path / "snapshots" / "secrets").rglob("*"):
         mode = path.stat().st_mode & 0o777
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"
+
+
+SESSION_CHECK = """
+import json, os, sys
+from epochal.driver.session import SessionProfile, spark_session
+profile = SessionProfile.from_json(sys.stdin.readline())
+spark = spark_session(profile)
+context = spark.sparkContext
+jvm = context._jvm.ProcessHandle.current().pid()
+print(json.dumps({
+    "jvm": jvm,
+    "setting": context.getConf().get("spark.hadoop.fs.s3a.secret.key"),
+    "hadoop": context._jsc.hadoopConfiguration().get("fs.s3a.secret.key"),
+    "public": context.getConf().get("spark.sql.shuffle.partitions"),
+}), flush=True)
+sys.stdin.readline()  # the test reads the JVM's command line meanwhile
+spark.stop()
+"""
+
+
+def test_a_secret_spark_setting_reaches_the_session_but_no_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's session: a setting given as a ``${env:...}`` reference is resolved and
+    reaches Spark's configuration and Hadoop's (what the S3A connector reads), and neither
+    the value nor the reference is on the JVM's command line; a plain setting still is."""
+    monkeypatch.setenv("EPOCHAL_TEST_CONF_SECRET", CONF_SECRET)
+    profile = SessionProfile(
+        LOCAL,
+        (
+            ("spark.hadoop.fs.s3a.secret.key", "${env:EPOCHAL_TEST_CONF_SECRET}"),
+            ("spark.sql.shuffle.partitions", "3"),
+        ),
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", SESSION_CHECK],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert driver.stdin is not None and driver.stdout is not None
+        driver.stdin.write(profile.to_json() + "\n")
+        driver.stdin.flush()
+        seen = json.loads(driver.stdout.readline())
+        command_line = processes.command_line(int(seen["jvm"]))
+        driver.stdin.write("\n")
+        driver.stdin.close()
+        assert driver.wait(120) == 0
+    finally:
+        driver.kill()
+    assert seen["setting"] == CONF_SECRET and seen["hadoop"] == CONF_SECRET, seen
+    assert seen["public"] == "3"
+    assert b"spark.sql.shuffle.partitions=3" in command_line
+    assert CONF_SECRET.encode() not in command_line, command_line[:300]
+    assert b"EPOCHAL_TEST_CONF_SECRET" not in command_line
 
 
 def test_a_killed_source_runner_is_seen_at_once_and_the_query_restarted_in_place(
@@ -281,7 +374,7 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     config = _config(tmp_path, available_now=False, snapshot_interval=1.0, standby=True)
     job = Job.submit("standby", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) == 200, "the first run's output")
-    _wait(lambda: job.status().supervisor.get("standby_pid"), "a warm standby")
+    _wait(lambda: job.status().supervisor.get("standby_ready"), "a warm standby, ready")
     record = job.status()
     standby, active = int(record.supervisor["standby_pid"]), int(record.driver["pid"])
     assert standby != active and processes.alive(standby)
@@ -308,7 +401,10 @@ def test_a_killed_driver_is_replaced_by_its_warm_standby_and_a_new_standby_warms
     _wait(lambda: len(_output(map_path)) == 250, "the promoted run's output")
     _wait(lambda: not scratch.exists(), "the killed driver's scratch directory to go")
     _wait(
-        lambda: job.status().supervisor.get("standby_pid") not in (None, standby),
+        lambda: (
+            job.status().supervisor.get("standby_pid") not in (None, standby)
+            and job.status().supervisor.get("standby_ready")
+        ),
         "a new warm standby",
     )
     assert processes.alive(int(job.status().supervisor["standby_pid"]))

@@ -82,6 +82,7 @@ def test_at_least_once_acks_after_the_commit_with_a_fence_check_between_the_cras
     assert queue.states("q") == {"delivered": 2}
     assert acks.commit(1) == 2
     assert seen == [
+        "ack_source.after_receive@1",
         "ack_source.before_ack@1",
         "fence: acknowledging up to batch 1",
         "ack_source.after_ack@1",

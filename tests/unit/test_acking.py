@@ -81,7 +81,10 @@ def test_next_batch_stores_before_returning(env: Env) -> None:
 
     proto = env.protocol(env.source(), step=step)
     assert proto.next_batch(0, 10, WAIT) == 1
-    assert stored_at_step == [("ack_source.after_store", 1, True)]
+    assert stored_at_step == [
+        ("ack_source.after_receive", 1, False),  # received, not stored yet: nothing acked
+        ("ack_source.after_store", 1, True),
+    ]
     assert env.store.list(f"sources/{SOURCE_ID}/batches") == [proto.batch_key(1)]
     assert env.store.manifest(proto.batch_key(1)).count == 3
     stored = decode_batch(env.store.read(proto.batch_key(1)))

@@ -17,7 +17,7 @@ from epochal.protocols.transactions import two_phase_commit
 from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink, MapStore
-from epochal_sdk import ConnectorContext, Field, Options, Prepared, TaskContext
+from epochal_sdk import ConnectorContext, Field, Options, Prepared
 
 SCHEMA = (Field("key", "string"), Field("value", "string"))
 JOB, SINK_ID = "ops", "map-ops"
@@ -29,7 +29,7 @@ def _sink(path: Path, job: str = JOB) -> MapSink:
 
 
 def _prepare(sink: MapSink, job: str, batch: int, key: str) -> Prepared:
-    task = TaskContext(job, SINK_ID, batch, 0, 0, SCHEMA, run=1)
+    task = ConnectorContext(job, SINK_ID, batch, 0, 0, SCHEMA, run=1)
     return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 

@@ -201,3 +201,20 @@ def test_a_task_that_cannot_see_the_jobs_directory_reports_nothing(tmp_path: Pat
     started = time.monotonic()
     metrics.report("/proc/no-such-dir/job", "sink", "p", "c", 1, {"x": 1})  # never raises
     assert time.monotonic() - started < 60
+
+
+def test_the_standby_s_readiness_and_the_effective_guarantee_are_exported(
+    jobdir: JobDirectory,
+) -> None:
+    families = parse_exposition(metrics.render_prometheus(jobdir))
+    assert "epochal_standby_ready" not in families  # no standby: no series
+    with jobdir.update() as record:
+        record.supervisor = {"standby_pid": 4242, "standby_ready": False}
+        record.effective_guarantee = "at-least-once"
+    families = parse_exposition(metrics.render_prometheus(jobdir))
+    assert value(families, "epochal_standby_ready", job=JOB) == 0
+    assert value(families, "epochal_job_effective_guarantee", guarantee="at-least-once") == 1
+    with jobdir.update() as record:
+        record.supervisor = {"standby_pid": 4242, "standby_ready": True}
+    families = parse_exposition(metrics.render_prometheus(jobdir))
+    assert value(families, "epochal_standby_ready", job=JOB) == 1

@@ -12,6 +12,7 @@ from epochal_sdk import (
     AcknowledgingSource,
     ConfigError,
     Connector,
+    ConnectorContext,
     Field,
     Guarantee,
     IdempotentSink,
@@ -19,12 +20,10 @@ from epochal_sdk import (
     Options,
     ReplayableSource,
     Split,
-    TaskContext,
     TransactionalSink,
-    batch_of,
-    transaction_prefix,
-    weakest,
 )
+from epochal_sdk.guarantees import weakest
+from epochal_sdk.ids import batch_of, transaction_prefix
 
 # -- Guarantee ------------------------------------------------------------------------------
 
@@ -179,7 +178,7 @@ def test_choice() -> None:
     )
 
 
-# -- TaskContext ----------------------------------------------------------------------------
+# -- ConnectorContext ----------------------------------------------------------------------------
 
 SCHEMA = (Field("key", "string"), Field("value", "string", nullable=False))
 
@@ -187,26 +186,30 @@ SCHEMA = (Field("key", "string"), Field("value", "string", nullable=False))
 @pytest.mark.parametrize("job", ["orders", "my-job", "my_job", "a-b_c-1", "x"])
 @pytest.mark.parametrize("batch", [0, 7, 123456789])
 def test_transaction_id_round_trip(job: str, batch: int) -> None:
-    task = TaskContext(job, "map-0123456789", batch, 3, 2, SCHEMA, run=1700000000)
-    assert task.prefix == f"ep.{job}.map-0123456789" == transaction_prefix(job, "map-0123456789")
+    task = ConnectorContext(job, "map-0123456789", batch, 3, 2, SCHEMA, run=1700000000)
+    assert (
+        task.transaction_prefix
+        == f"ep.{job}.map-0123456789"
+        == transaction_prefix(job, "map-0123456789")
+    )
     assert task.transaction_id == f"ep.{job}.map-0123456789.{batch}.3.1700000000.2"
-    assert task.transaction_id.startswith(task.prefix + ".")
+    assert task.transaction_id.startswith(task.transaction_prefix + ".")
     assert batch_of(task.transaction_id) == batch
 
 
 def test_transaction_ids_differ_per_attempt_partition_and_run() -> None:
-    base = TaskContext("j", "s", 5, 0, 0, SCHEMA)
+    base = ConnectorContext("j", "s", 5, 0, 0, SCHEMA)
     assert base.run == 0
     others = [
-        TaskContext("j", "s", 5, 1, 0, SCHEMA),
-        TaskContext("j", "s", 5, 0, 1, SCHEMA),
-        TaskContext("j", "s", 5, 0, 0, SCHEMA, run=1),
-        TaskContext("j", "s", 6, 0, 0, SCHEMA),
+        ConnectorContext("j", "s", 5, 1, 0, SCHEMA),
+        ConnectorContext("j", "s", 5, 0, 1, SCHEMA),
+        ConnectorContext("j", "s", 5, 0, 0, SCHEMA, run=1),
+        ConnectorContext("j", "s", 6, 0, 0, SCHEMA),
     ]
     ids = {base.transaction_id} | {t.transaction_id for t in others}
     assert len(ids) == 5
     # the same step gives the same id (stable, never random)
-    assert TaskContext("j", "s", 5, 0, 0, SCHEMA).transaction_id == base.transaction_id
+    assert ConnectorContext("j", "s", 5, 0, 0, SCHEMA).transaction_id == base.transaction_id
 
 
 # -- Connector ------------------------------------------------------------------------------
@@ -359,7 +362,7 @@ def test_splits_skip_a_partition_that_joins_in_this_batch() -> None:
 
 
 class _TwoPhaseOnly(TransactionalSink):
-    def begin(self, task: TaskContext) -> Any:
+    def begin(self, task: ConnectorContext) -> Any:
         raise NotImplementedError
 
     def commit(self, prepared: Any) -> None: ...
@@ -374,7 +377,7 @@ class _UpsertOnly(IdempotentSink):
     def key_columns(self) -> tuple[str, ...]:
         return ("id",)
 
-    def open(self, task: TaskContext) -> Any:
+    def open(self, task: ConnectorContext) -> Any:
         raise NotImplementedError
 
 

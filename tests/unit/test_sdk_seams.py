@@ -5,14 +5,13 @@ the deprecated names that keep older connectors working."""
 from __future__ import annotations
 
 import pickle
-import warnings
 from collections.abc import Sequence
 
 import pluggy
 import pytest
 
 from epochal.parts import registry
-from epochal.protocols.transactions import ScopedSink, call_in_doubt, in_doubt
+from epochal.protocols.transactions import ScopedSink
 from epochal_map import MapConnector
 from epochal_sdk import (
     ConfigError,
@@ -30,19 +29,15 @@ from epochal_sdk import (
     ReplayableSource,
     SnapshotError,
     Split,
-    TaskContext,
     Transaction,
     TransactionalSink,
     TransactionId,
     WriterId,
-    column_names,
-    parse_ddl,
     row_of,
-    transaction_prefix,
 )
 from epochal_sdk import hookspecs as specs
-from epochal_sdk.sinks import TransactionId as TransactionIdFromSinks
-from epochal_sdk.sinks import batch_of as batch_of_from_sinks
+from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.schema import column_names, parse_ddl
 
 SCHEMA = (Field("key", "string"), Field("value", "string"))
 
@@ -120,18 +115,16 @@ def test_metric_names_are_snake_case(bad: str) -> None:
 
 # -- ids ----------------------------------------------------------------------------------------
 def test_transaction_ids_round_trip_and_name_job_and_sink() -> None:
-    task = TaskContext("job-1", "jdbc-ab12", 5, 2, 1, SCHEMA, run=4)
+    task = ConnectorContext("job-1", "jdbc-ab12", 5, 2, 1, SCHEMA, run=4)
     txn = TransactionId.parse(task.transaction_id)
     assert txn == task.txn == TransactionId("ep.job-1.jdbc-ab12", 5, 2, 4, 1)
     assert (txn.job, txn.sink_id) == ("job-1", "jdbc-ab12")
     assert TransactionId("x.y", 1, 2, 3, 4).job is None
-    assert TransactionIdFromSinks is TransactionId  # the first import path still works
-    assert batch_of_from_sinks(task.transaction_id) == 5
 
 
 def test_writer_ids_are_stable_across_batches_runs_and_attempts() -> None:
-    a = TaskContext("j", "kafka-1", 5, 2, 0, SCHEMA, run=1).writer_id
-    b = TaskContext("j", "kafka-1", 9, 2, 3, SCHEMA, run=7).writer_id
+    a = ConnectorContext("j", "kafka-1", 5, 2, 0, SCHEMA, run=1).writer_id
+    b = ConnectorContext("j", "kafka-1", 9, 2, 3, SCHEMA, run=7).writer_id
     assert a == b and str(a) == "ep.j.kafka-1.2"
     assert WriterId.parse("ep.j.kafka-1.2", "ep.j.kafka-1") == a
     assert WriterId.parse("ep.j.kafka-12.2", "ep.j.kafka-1") is None
@@ -139,7 +132,7 @@ def test_writer_ids_are_stable_across_batches_runs_and_attempts() -> None:
 
 
 def test_record_ids_keep_the_format_the_jms_sink_always_sent() -> None:
-    task = TaskContext("j", "jms-1", 5, 2, attempt=3, schema=SCHEMA, run=9)
+    task = ConnectorContext("j", "jms-1", 5, 2, attempt=3, schema=SCHEMA, run=9)
     assert task.record_id(17) == "j.jms-1.5.2.17" == str(RecordId("j", "jms-1", 5, 2, 17))
 
 
@@ -154,14 +147,14 @@ def test_a_recovery_scope_says_what_a_look_up_is_for() -> None:
     assert not RecoveryScope(prefix, "inspect").recovery
 
 
-class _Old(TransactionalSink):
-    """A sink written before the scope existed: ``in_doubt(prefix)``."""
+class _Sink(TransactionalSink):
+    """A transactional sink with in-doubt transactions ``ids``; it notes every scope asked."""
 
     def __init__(self, ids: list[str]) -> None:
-        super().__init__(Options("old"))
+        super().__init__(Options("mine"))
         self.ids, self.asked, self.rolled = ids, [], []
 
-    def begin(self, task: TaskContext) -> Transaction:
+    def begin(self, task: ConnectorContext) -> Transaction:
         raise NotImplementedError
 
     def commit(self, prepared: Prepared) -> None:
@@ -170,44 +163,19 @@ class _Old(TransactionalSink):
     def rollback(self, prepared: Prepared) -> None:
         self.rolled.append(prepared.transaction_id)
 
-    def in_doubt(self, prefix: str) -> list[Prepared]:  # type: ignore[override]
-        self.asked.append(prefix)
-        return [Prepared(i) for i in self.ids if i.startswith(prefix)]
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
+        self.asked.append(scope)
+        return [Prepared(i) for i in self.ids if i.startswith(scope.head)]
 
 
-class _New(_Old):
-    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
-        self.asked.append((prefix, scope))
-        return [Prepared(i) for i in self.ids if i.startswith(prefix)]
-
-
-def test_sinks_without_the_scope_are_still_called_with_a_deprecation_warning() -> None:
-    old = _Old(["ep.j.s.1.0.1.0", "ep.j.s2.1.0.1.0"])
-    scope = RecoveryScope("ep.j.s", run=2)
-    with pytest.warns(DeprecationWarning, match="takes no scope"):
-        found = in_doubt(old, scope)
-    assert [p.transaction_id for p in found] == ["ep.j.s.1.0.1.0"]
-    assert old.asked == ["ep.j.s."]
-
-
-def test_sinks_with_the_scope_get_it_and_no_warning() -> None:
-    new = _New(["ep.j.s.1.0.1.0"])
-    scope = RecoveryScope("ep.j.s", "batch", 1, run=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert len(call_in_doubt(new, scope.head, scope)) == 1
-    assert new.asked == [("ep.j.s.1.", scope)]
-
-
-def test_the_protocol_side_tells_recovery_from_one_batch_and_counts() -> None:
-    new = _New(["ep.j.s.1.0.1.0", "ep.j.s.2.0.1.0"])
-    scoped = ScopedSink(new, "ep.j.s", run=2)
-    assert len(scoped.in_doubt("ep.j.s.")) == 2
-    assert len(scoped.in_doubt("ep.j.s.1.")) == 1
-    assert [scope for _, scope in new.asked] == [
-        RecoveryScope("ep.j.s", "recovery", None, 2),
-        RecoveryScope("ep.j.s", "batch", 1, 2),
-    ]
+def test_the_protocol_side_keeps_the_scope_s_ids_and_counts() -> None:
+    sink = _Sink(["ep.j.s.1.0.1.0", "ep.j.s.2.0.1.0", "ep.j.s2.1.0.1.0"])
+    scoped = ScopedSink(sink)
+    every = RecoveryScope("ep.j.s", "recovery", None, 2)
+    one = RecoveryScope("ep.j.s", "batch", 1, 2)
+    assert len(scoped.in_doubt(every)) == 2  # not the other sink's, whose prefix starts alike
+    assert len(scoped.in_doubt(one)) == 1
+    assert sink.asked == [every, one]
     scoped.rollback(Prepared("ep.j.s.2.0.1.0"))
     assert scoped.drain() == {"in_doubt": 3.0, "rolled_back": 1.0}
 

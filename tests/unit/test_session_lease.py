@@ -34,14 +34,15 @@ from epochal.testing import prepare_transaction
 from epochal_map import MapSink
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     FencedError,
     Field,
     Guarantee,
     Options,
     Prepared,
-    TaskContext,
-    transaction_prefix,
+    RecoveryScope,
 )
+from epochal_sdk.ids import transaction_prefix
 
 TTL = 2.0
 JOB = "plain"
@@ -181,13 +182,13 @@ def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
         zombie_protocol.commit_batch(5, [_prepare(sink, zombie, batch=5)])
     with pytest.raises(StateMovedError):
         zombie_store.write_json("sinks/x/decisions/000000000005", {"by": "zombie"})
-    assert newer.transaction_id in {p.transaction_id for p in sink.in_doubt(PREFIX)}
+    assert newer.transaction_id in {p.transaction_id for p in sink.in_doubt(RecoveryScope(PREFIX))}
 
     os.kill(old_keeper, signal.SIGCONT)
     os.kill(old.pid, signal.SIGCONT)
     assert old_proc.wait(30) == -signal.SIGKILL, "the old keeper must stop its driver"
     _protocol(sink, owner).commit_batch(5, [newer])
-    assert sink.in_doubt(PREFIX) == []
+    assert sink.in_doubt(RecoveryScope(PREFIX)) == []
 
 
 def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:
@@ -206,7 +207,7 @@ def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:
 
 def _prepare(sink: MapSink, context: JobContext, batch: int) -> Prepared:
     """A task of the context's run prepares one row."""
-    task = TaskContext(context.job, SINK_ID, batch, 0, 0, SCHEMA, run=context.run)
+    task = ConnectorContext(context.job, SINK_ID, batch, 0, 0, SCHEMA, run=context.run)
     rows = pa.RecordBatch.from_pydict({"key": [f"k{context.run}"], "value": ["v"]})
     return prepare_transaction(sink, task, rows)
 

@@ -19,7 +19,8 @@ from epochal.state.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink
 from epochal_map.store import MapStore
-from epochal_sdk import FencedError, Field, Options, Prepared, TaskContext, transaction_prefix
+from epochal_sdk import ConnectorContext, FencedError, Field, Options, Prepared
+from epochal_sdk.ids import transaction_prefix
 
 JOB = "orders-job_1"
 SINK_ID = "map-0123456789"
@@ -63,7 +64,7 @@ def prepare(
     sink_id: str = SINK_ID,
     run: int = 1,
 ) -> Prepared:
-    task = TaskContext(job, sink_id, batch, partition, attempt, SCHEMA, run=run)
+    task = ConnectorContext(job, sink_id, batch, partition, attempt, SCHEMA, run=run)
     records = pa.RecordBatch.from_pydict({"key": list(rows), "value": list(rows.values())})
     return prepare_transaction(sink, task, records)
 

@@ -25,6 +25,7 @@ from epochal_jdbc.db import (
     translate,
 )
 from epochal_sdk import (
+    ConnectorContext,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
@@ -34,12 +35,11 @@ from epochal_sdk import (
     RestartableError,
     Schema,
     SchemaMismatchError,
-    TaskContext,
     Transaction,
     TransactionalSink,
     TransactionId,
-    batch_of,
 )
+from epochal_sdk.ids import batch_of
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -238,6 +238,47 @@ class JdbcSink(TransactionalSink, IdempotentSink):
                 f"jdbc: table {self.table}: the key columns {missing} are not among the "
                 f"records' columns {[f.name for f in schema]}. Write them, or change keyColumns."
             )
+        self._check_key_not_null(conn, regclass)
+
+    def _check_key_not_null(self, conn: Connection[Any], regclass: str) -> None:
+        """Refuse key columns that may hold NULL: a unique index (unless it is
+        ``NULLS NOT DISTINCT``) never finds a row whose key is NULL, so every replay of a
+        record with a NULL key would insert it again, a duplicate each time."""
+        nullable = [
+            name
+            for (name,) in conn.execute(
+                "SELECT a.attname::text FROM pg_attribute a"
+                " WHERE a.attrelid = to_regclass(%s) AND a.attname = ANY (%s)"
+                "  AND NOT a.attnotnull ORDER BY a.attname",
+                (regclass, list(self.keys)),
+            ).fetchall()
+        ]
+        if not nullable or self._nulls_not_distinct(conn, regclass):
+            return
+        columns = ", ".join(nullable)
+        raise SchemaMismatchError(
+            f"jdbc: table {self.table}: the key column(s) {nullable} may hold NULL, and a "
+            "unique index never matches a NULL key, so an upsert of a record with a NULL key "
+            "would insert it again on every replay (a duplicate each time). Make them NOT "
+            f"NULL (ALTER TABLE {self.table} ALTER COLUMN ... SET NOT NULL for {columns}), "
+            "or, on PostgreSQL 15 or later, make the unique index NULLS NOT DISTINCT; and "
+            "filter out or fill records with a NULL key."
+        )
+
+    def _nulls_not_distinct(self, conn: Connection[Any], regclass: str) -> bool:
+        """Whether a unique index on exactly the key columns treats NULLs as equal
+        (``NULLS NOT DISTINCT``, PostgreSQL 15+), so an upsert finds a NULL key's row."""
+        if conn.info.server_version < 150000:
+            return False
+        rows = conn.execute(
+            "SELECT array_agg(a.attname::text) FROM pg_index i JOIN pg_attribute a"
+            "  ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)"
+            " WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnullsnotdistinct"
+            "  AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL"
+            " GROUP BY i.indexrelid",
+            (regclass,),
+        ).fetchall()
+        return any(set(columns) == set(self.keys) for (columns,) in rows)
 
     def _create_marker_table(self, conn: Connection[Any]) -> None:
         if self._columns(conn, self.marker) is not None:
@@ -266,11 +307,11 @@ class JdbcSink(TransactionalSink, IdempotentSink):
         """The declared key (``keyColumns``)."""
         return self.keys
 
-    def open(self, task: TaskContext) -> IdempotentWriter:
+    def open(self, task: ConnectorContext) -> IdempotentWriter:
         """An upserting writer for one task (one database transaction)."""
         return UpsertWriter(self, task)
 
-    def begin(self, task: TaskContext) -> Transaction:
+    def begin(self, task: ConnectorContext) -> Transaction:
         """The database transaction of one task, prepared as ``task.transaction_id``."""
         if len(task.transaction_id.encode()) > GID_MAX:
             raise self.options.error(
@@ -359,9 +400,10 @@ class JdbcSink(TransactionalSink, IdempotentSink):
         except psycopg.Error as e:
             raise translate(e, self.table, f"rollback of {gid}") from None
 
-    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
-        """The prepared transactions of this database whose gid starts with ``prefix`` (the
-        same for every scope: looking has no side effect)."""
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
+        """The prepared transactions of this database in ``scope`` (their gid starts with
+        ``scope.head``; the same for every purpose: looking has no side effect)."""
+        prefix = scope.head
         try:
             rows = self._execute(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
@@ -386,10 +428,10 @@ class JdbcSink(TransactionalSink, IdempotentSink):
 class _TaskWriter:
     """A task's connection and its one database transaction, opened at the first record."""
 
-    def __init__(self, sink: JdbcSink, task: TaskContext) -> None:
+    def __init__(self, sink: JdbcSink, task: ConnectorContext) -> None:
         self.sink, self.task = sink, task
         self.where = (
-            f"batch {task.batch_id}, partition {task.partition}, attempt {task.attempt}, "
+            f"batch {task.batch}, partition {task.partition}, attempt {task.attempt}, "
             f"job {task.job}"
         )
         self.conn: Connection[Any] | None = None
@@ -470,7 +512,7 @@ class PgTransaction(_TaskWriter, Transaction):
                 sql.SQL("INSERT INTO {} (gid, prefix, batch, rows) VALUES (%s, %s, %s, %s)").format(
                     self.sink.marker.sql()
                 ),
-                (gid, self.task.prefix, self.task.batch_id, self.rows),
+                (gid, self.task.transaction_prefix, self.task.batch, self.rows),
             )
             self.conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject) as e:

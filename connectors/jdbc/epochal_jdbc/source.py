@@ -13,14 +13,7 @@ import psycopg
 from psycopg import sql
 
 from epochal_jdbc.db import TableName, connect, spark_type, translate
-from epochal_sdk import (
-    Guarantee,
-    Offsets,
-    Options,
-    ReplayableSource,
-    SchemaMismatchError,
-    Split,
-)
+from epochal_sdk import Guarantee, Offsets, Options, ReplayableSource, SchemaMismatchError, Split
 from epochal_sdk.sources import Rows
 
 log = logging.getLogger("epochal.jdbc")
@@ -216,6 +209,8 @@ class JdbcSource(ReplayableSource):
             ),
         )
         xmax, newest = self._query(statement, "finding the newest row")[0]
+        if newest is not None and any(value is None for value in newest):
+            raise self._null_offsets()
         if newest is not None and self.wait:
             deadline = time.monotonic() + self.wait_s
             check = "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= %s::xid8"
@@ -235,6 +230,21 @@ class JdbcSource(ReplayableSource):
         if newest is not None:
             self._safe = newest
         return {p: self._safe for p in partitions}
+
+    def _null_offsets(self) -> Exception:
+        """The error for rows whose offset columns hold NULL: such a row sorts as the newest
+        (``DESC`` puts NULLs first) and compares as unknown with every offset, so the source
+        would stall on it without a word, and never read it."""
+        columns = ", ".join(self.offset_columns)
+        nulls = " OR ".join(f"{c} IS NULL" for c in self.offset_columns)
+        return self.options.error(
+            "offsetColumns",
+            f"jdbc source {self.label}: a row has NULL in the offset column(s) {columns}; "
+            "offsets must be non-null and growing, and a NULL one can be neither read nor "
+            "passed",
+            f"Make the column(s) NOT NULL, or read a query that leaves those rows out "
+            f"(.option('query', 'SELECT ... WHERE NOT ({nulls})'))",
+        )
 
     def limit(self, start: Offsets, latest: Offsets, max_records: int) -> Offsets:
         """The offset of the ``max_records``-th row after ``start`` (or ``latest``)."""

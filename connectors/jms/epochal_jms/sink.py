@@ -32,6 +32,7 @@ from epochal_jms.client import (
 )
 from epochal_jms.source import destination_of
 from epochal_sdk import (
+    ConnectorContext,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
@@ -40,7 +41,6 @@ from epochal_sdk import (
     RestartableError,
     Schema,
     SchemaMismatchError,
-    TaskContext,
 )
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class JmsSink(IdempotentSink):
         return [n for n in names if n not in skip]
 
     # -- tasks --------------------------------------------------------------------------------
-    def open(self, task: TaskContext) -> IdempotentWriter:
+    def open(self, task: ConnectorContext) -> IdempotentWriter:
         """A writer for one task."""
         return JmsWriter(self, task)
 
@@ -176,7 +176,7 @@ class JmsSink(IdempotentSink):
 class JmsWriter(IdempotentWriter):
     """One task's messages: buffered, then sent in one STOMP transaction by :meth:`flush`."""
 
-    def __init__(self, sink: JmsSink, task: TaskContext) -> None:
+    def __init__(self, sink: JmsSink, task: ConnectorContext) -> None:
         self.sink = sink
         self.task = task
         self.messages: list[tuple[str, bytes | str, dict[str, str]]] = []
@@ -190,7 +190,7 @@ class JmsWriter(IdempotentWriter):
             body = row[sink.body_column]
             if body is None:
                 raise PoisonRecordError(
-                    f"jms sink: record {position} of batch {self.task.batch_id}, partition "
+                    f"jms sink: record {position} of batch {self.task.batch}, partition "
                     f"{self.task.partition} has a null body ({sink.body_column!r}). Filter out "
                     "or fill null bodies."
                 )
@@ -199,7 +199,7 @@ class JmsWriter(IdempotentWriter):
                 value = row.get(sink.destination_column)
                 if not value:
                     raise PoisonRecordError(
-                        f"jms sink: record {position} of batch {self.task.batch_id}, partition "
+                        f"jms sink: record {position} of batch {self.task.batch}, partition "
                         f"{self.task.partition} has no destination in "
                         f"{sink.destination_column!r}. Fill it or filter the record out."
                     )
@@ -239,7 +239,7 @@ class JmsWriter(IdempotentWriter):
             log.info(
                 "jms sink: batch %s partition %s: the transaction was refused (%s); sending "
                 "again without a transaction, duplicates are dropped by the broker",
-                self.task.batch_id,
+                self.task.batch,
                 self.task.partition,
                 exc,
             )
@@ -264,7 +264,7 @@ class JmsWriter(IdempotentWriter):
     def _send(self, client: StompClient, transactional: bool) -> None:
         """Send every message (in a transaction committed with a receipt, or each on its own
         with a receipt on the last one) and wait for the receipt."""
-        what = f"sending {len(self.messages)} message(s) of batch {self.task.batch_id}"
+        what = f"sending {len(self.messages)} message(s) of batch {self.task.batch}"
         receipt = client.receipt()
         try:
             transaction = client.conn.begin() if transactional else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -18,30 +19,71 @@ QUIET = {"log_level": 3}
 """librdkafka logs errors only (its warnings about retried requests are noise here)."""
 
 
-def client_config(options: Options) -> dict[str, Any]:
-    """The librdkafka configuration from ``kafka.*`` options (``bootstrapServers`` is an alias
-    of ``kafka.bootstrap.servers``); a clear error when no broker address is given."""
-    config: dict[str, Any] = {
-        key[len(CLIENT_PREFIX) :]: value
-        for key, value in options.items()
-        if key.startswith(CLIENT_PREFIX)
-    }
-    alias = options.str("bootstrapServers", "").strip()
-    if alias and not config.get("bootstrap.servers"):
-        config["bootstrap.servers"] = alias
-    if not str(config.get("bootstrap.servers", "")).strip():
+def bootstrap_servers(options: Options) -> str:
+    """The brokers: ``kafka.bootstrap.servers``, else its alias ``bootstrapServers``; a clear
+    error when neither is given."""
+    found = (
+        options.str(f"{CLIENT_PREFIX}bootstrap.servers", "").strip()
+        or options.str("bootstrapServers", "").strip()
+    )
+    if not found:
         raise ConfigError(
             CONNECTOR,
             "kafka.bootstrap.servers",
             "is required",
             "Set .option('kafka.bootstrap.servers', 'host:9092[,host2:9092]').",
         )
+    return found
+
+
+def client_config(options: Options) -> dict[str, Any]:
+    """The librdkafka configuration from ``kafka.*`` options (``bootstrapServers`` is an alias
+    of ``kafka.bootstrap.servers``); a clear error when no broker address is given. The
+    properties themselves are checked by librdkafka when the first client is made
+    (:func:`admin_client`, at the part's check)."""
+    config: dict[str, Any] = {
+        key[len(CLIENT_PREFIX) :]: value
+        for key, value in options.items()
+        if key.startswith(CLIENT_PREFIX)
+    }
+    config["bootstrap.servers"] = bootstrap_servers(options)
     return {**QUIET, **config}
 
 
+_PROPERTY = re.compile(r'(?:property|for):? "(?P<name>[^"]+)"')
+
+
+def config_error(exc: KafkaException, config: dict[str, Any]) -> ConfigError | None:
+    """librdkafka's refusal of a configuration (``_INVALID_ARG``: an unknown property, a bad
+    value) as a :class:`ConfigError` naming the ``kafka.*`` option; None for any other
+    error."""
+    error = kafka_error(exc)
+    if error.code() != KafkaError._INVALID_ARG:
+        return None
+    said = error.str()
+    found = _PROPERTY.search(said)
+    name = found.group("name") if found else ""
+    option = f"{CLIENT_PREFIX}{name}" if name in config else f"{CLIENT_PREFIX}*"
+    return ConfigError(
+        CONNECTOR,
+        option,
+        f"the Kafka client (librdkafka) refused it: {said}",
+        "Options starting with 'kafka.' go to librdkafka without the prefix: check the name "
+        "and value against librdkafka's CONFIGURATION.md, or drop the option.",
+    )
+
+
 def admin_client(config: dict[str, Any]) -> AdminClient:
-    """An admin client for ``config`` (librdkafka ignores consumer-only keys there)."""
-    return AdminClient(dict(config))
+    """An admin client for ``config`` (librdkafka ignores consumer-only keys there, but
+    checks every property's name and value: a bad one is a :class:`ConfigError` naming the
+    option, not librdkafka's raw ``_INVALID_ARG``)."""
+    try:
+        return AdminClient(dict(config))
+    except KafkaException as exc:
+        refused = config_error(exc, config)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def list_topics(admin: AdminClient, bootstrap: str, timeout: float, *, at_start: bool) -> Any:

@@ -62,6 +62,7 @@ from epochal_kafka.transaction import KafkaTransaction
 from epochal_kafka.writer import KafkaWriter
 from epochal_sdk import (
     ConfigError,
+    ConnectorContext,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
@@ -71,7 +72,6 @@ from epochal_sdk import (
     RestartableError,
     Schema,
     SchemaMismatchError,
-    TaskContext,
     Transaction,
     TransactionalSink,
     WriterId,
@@ -79,6 +79,8 @@ from epochal_sdk import (
 
 log = logging.getLogger("epochal.kafka.sink")
 
+INT32_MAX = 2**31 - 1
+"""librdkafka's limit of ``transaction.timeout.ms`` (a 32-bit integer)."""
 MODES = ("transactional", "idempotent")
 """The values of option ``mode``: exactly-once with Kafka transactions, or at-least-once with
 the idempotent producer."""
@@ -123,7 +125,7 @@ class KafkaSink(TransactionalSink, IdempotentSink):
         self.mode = options.choice("mode", "transactional", MODES)
         self.marker_topic = options.str("markerTopic", "").strip() or self.topic
         self.transaction_timeout_ms = (
-            options.int("transactionTimeoutMs", 600_000, minimum=1000) or 600_000
+            options.int("transactionTimeoutMs", 600_000, minimum=1000, maximum=INT32_MAX) or 600_000
         )
         self.snapshot_interval_ms = options.int("snapshotIntervalMs", 60_000, minimum=0) or 0
         self.expected_recovery_ms = options.int("expectedRecoveryMs", 120_000, minimum=0) or 0
@@ -231,12 +233,12 @@ class KafkaSink(TransactionalSink, IdempotentSink):
 
     # -- exactly-once -------------------------------------------------------------------------
 
-    def transactional_id(self, task: TaskContext) -> str:
+    def transactional_id(self, task: ConnectorContext) -> str:
         """The task's writer id (:class:`~epochal_sdk.WriterId`, ``<prefix>.<partition>``):
         stable across attempts and runs, so a newer producer fences an older one."""
         return str(task.writer_id)
 
-    def begin(self, task: TaskContext) -> Transaction:
+    def begin(self, task: ConnectorContext) -> Transaction:
         """The Kafka transaction of one task (its session starts at once, in the background,
         with this worker's kept producer of the task's ``transactional.id`` if it may)."""
         return KafkaTransaction(self, task)
@@ -249,13 +251,12 @@ class KafkaSink(TransactionalSink, IdempotentSink):
         task, or is aborted by the next ``init_transactions`` of its ``transactional.id``
         (recovery, or the next producer of that id)."""
 
-    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
         """Nothing is ever left prepared. At a recovery (``scope.recovery``: a run's start,
         an operator settling) it fences every ``transactional.id`` of the sink, so that no
         transaction of a dead run lingers; other look-ups (a batch, a listing) do nothing."""
-        head = prefix.rstrip(".")
-        recovery = scope.recovery if scope is not None else not head.rsplit(".", 1)[-1].isdigit()
-        if self.mode != "transactional" or not recovery:
+        head = scope.head.rstrip(".")
+        if self.mode != "transactional" or not scope.recovery:
             return []
         if not self._topic_column and self.topic is not None and not self._unstable():
             return []  # no open transaction holds back read_committed readers of the topic
@@ -331,7 +332,7 @@ class KafkaSink(TransactionalSink, IdempotentSink):
 
     # -- at-least-once ------------------------------------------------------------------------
 
-    def open(self, task: TaskContext) -> IdempotentWriter:
+    def open(self, task: ConnectorContext) -> IdempotentWriter:
         """An idempotent producer for one task (at-least-once)."""
         return KafkaWriter(self)
 

@@ -26,7 +26,7 @@ from epochal_kafka.marker import (
 )
 from epochal_kafka.producers import PooledProducer, client_config_key, init_transactions
 from epochal_kafka.records import RecordProducing
-from epochal_sdk import RestartableError, TaskContext, Transaction
+from epochal_sdk import ConnectorContext, RestartableError, Transaction
 
 if TYPE_CHECKING:
     import pyarrow
@@ -56,7 +56,7 @@ class KafkaTransaction(RecordProducing, Transaction):
     that was fenced fails here and is replaced). ``write`` produces into it, ``prepare``
     commits it. A task without records opens no transaction."""
 
-    def __init__(self, sink: KafkaSink, task: TaskContext) -> None:
+    def __init__(self, sink: KafkaSink, task: ConnectorContext) -> None:
         super().__init__(sink)
         self.task = task
         self.transactional_id = sink.transactional_id(task)
@@ -173,11 +173,11 @@ class KafkaTransaction(RecordProducing, Transaction):
         by what ``held`` itself committed (its own last commit may not be readable yet).
         Sets ``skipped``."""
         written = last_written(marker, held, self.query_id)
-        if written >= self.task.batch_id:
+        if written >= self.task.batch:
             log.info(
                 "kafka sink: %s already committed batch %s (marker %s): writing nothing",
                 self.transactional_id,
-                self.task.batch_id,
+                self.task.batch,
                 written,
             )
             self.skipped = True
@@ -227,7 +227,7 @@ class KafkaTransaction(RecordProducing, Transaction):
         held.errors = self.errors
         producer.begin_transaction()
         held.in_transaction = True
-        marker = batch_marker(sink.marker_topic, self.task.batch_id, self.query_id, held.instance)
+        marker = batch_marker(sink.marker_topic, self.task.batch, self.query_id, held.instance)
         metadata = MARKERS.get(sink.config, self.transactional_id).consumer_group_metadata()
         with self._calling("send_offsets_to_transaction"):
             producer.send_offsets_to_transaction([marker], metadata, sink.timeout)
@@ -271,7 +271,7 @@ class KafkaTransaction(RecordProducing, Transaction):
         """Commit the Kafka transaction with the marker ``batch + 1`` (phase 1 = the Kafka
         commit): records and marker become visible to ``read_committed`` readers together. A
         task without records commits nothing (no transaction was opened)."""
-        data = {"transactional_id": self.transactional_id, "batch": self.task.batch_id}
+        data = {"transactional_id": self.transactional_id, "batch": self.task.batch}
         self._end_of_rows()
         self._wait()
         if self.skipped:
@@ -286,7 +286,7 @@ class KafkaTransaction(RecordProducing, Transaction):
             self._broken = True
             raise _transaction_error(self.transactional_id, "commit", exc) from None
         held.in_transaction = False
-        held.committed[self.query_id] = self.task.batch_id
+        held.committed[self.query_id] = self.task.batch
         self.open = False
         self._raise_delivery_errors()
         return {**data, "records": self.rows, "skipped": False, "reused": self.reused}

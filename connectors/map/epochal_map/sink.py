@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal_map.store import MapStore, MapTarget
 from epochal_sdk import (
+    ConnectorContext,
     Guarantee,
     IdempotentSink,
     IdempotentWriter,
@@ -16,7 +17,6 @@ from epochal_sdk import (
     RecoveryScope,
     Schema,
     SchemaMismatchError,
-    TaskContext,
     Transaction,
     TransactionalSink,
 )
@@ -104,11 +104,11 @@ class MapSink(TransactionalSink, IdempotentSink):
         """The key column."""
         return (self.key_column,)
 
-    def open(self, task: TaskContext) -> IdempotentWriter:
+    def open(self, task: ConnectorContext) -> IdempotentWriter:
         """An upserting writer for one task."""
         return MapWriter(self)
 
-    def begin(self, task: TaskContext) -> Transaction:
+    def begin(self, task: ConnectorContext) -> Transaction:
         """The transaction ``task.transaction_id`` of one task."""
         return MapTransaction(self, task.transaction_id)
 
@@ -123,10 +123,10 @@ class MapSink(TransactionalSink, IdempotentSink):
         """Drop a prepared transaction (idempotent)."""
         self.store.rollback_staged(prepared.transaction_id)
 
-    def in_doubt(self, prefix: str, scope: RecoveryScope | None = None) -> list[Prepared]:
-        """Prepared, unsettled transactions whose id starts with ``prefix`` (the staged
-        transactions of the map's file; the same for every scope)."""
-        return [Prepared(t, self._data()) for t in self.store.in_doubt(prefix)]
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
+        """The staged transactions of the map's file in ``scope`` (the same for every
+        purpose: looking has no side effect)."""
+        return [Prepared(t, self._data()) for t in self.store.in_doubt(scope.head)]
 
     def close(self) -> None:
         """Close the store."""

@@ -47,6 +47,7 @@ from epochal_sdk import ConfigError
 DRIVER_POINTS = {
     "source.after_plan": "replayable source: offsets of a batch planned, not yet in the offset log",
     "source.after_commit": "replayable source: commit(end) reached (batch in the commit log)",
+    "ack_source.after_receive": "acknowledging source: messages received, not yet stored",
     "ack_source.after_store": "acknowledging source: batch stored, not yet planned",
     "ack_source.before_ack": "acknowledging source: snapshot complete, nothing acknowledged yet",
     "ack_source.after_ack": "acknowledging source: acknowledged, not yet recorded",

@@ -330,6 +330,8 @@ class Keeper:
                     last_renewed = now
                 except (JobError, SnapshotError, OSError) as exc:
                     self.say(f"the lease was not renewed: {exc}")
+                except Exception as exc:  # anything else: said, and counted the same way
+                    self.say(f"the lease was not renewed: {type(exc).__name__}: {exc}")
                 next_renewal = now + self.ttl / 4
                 if now - last_renewed > self.ttl / 2:
                     return self.stop_driver(

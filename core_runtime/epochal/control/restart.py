@@ -30,9 +30,11 @@ def decide(
     ``restarts_in_a_row`` restarts without progress.
 
     Off (``auto_restart=False``): give up. At the limit (``max_restarts`` in a row): give
-    up. Else back off ``restart_backoff * 2**restarts_in_a_row`` seconds, at most
-    ``max_restart_backoff``; only the first step when a warm driver is waiting (it needs no
-    time to start, and the job is down meanwhile).
+    up. Else restart at once the first time (the job is down meanwhile, and most failures a
+    restart cures are over: a killed process, a crashed worker), then back off
+    ``restart_backoff * 2**(restarts_in_a_row - 1)`` seconds, at most ``max_restart_backoff``,
+    for each further restart in a row without progress (a server that stays down); only the
+    first step when a warm driver is waiting (it needs no time to start).
     """
     if not config.auto_restart:
         return RestartDecision(give_up=f"{why} (automatic restart is off)")
@@ -41,7 +43,9 @@ def decide(
             give_up=f"{why}; gave up after {restarts_in_a_row} restarts in a row without "
             "progress (max_restarts)"
         )
-    backoff = min(config.max_restart_backoff, config.restart_backoff * 2**restarts_in_a_row)
+    if restarts_in_a_row == 0:
+        return RestartDecision(backoff=0.0)
+    backoff = min(config.max_restart_backoff, config.restart_backoff * 2 ** (restarts_in_a_row - 1))
     if warm_driver:
         backoff = min(backoff, config.restart_backoff)
     return RestartDecision(backoff=backoff)

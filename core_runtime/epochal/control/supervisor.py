@@ -42,8 +42,9 @@ from epochal.state.jobs import (
     LeaseHeldError,
     LeaseLostError,
 )
+from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease import new_owner
-from epochal_sdk import FencedError
+from epochal_sdk import FencedError, SnapshotError
 
 Reporter = Callable[[str], None]
 
@@ -113,8 +114,11 @@ class Supervisor:
             hosts that run many jobs of the same profile).
         metrics_port: serve the job's metrics (Prometheus text) at
             ``http://<metrics_host>:<port>/metrics`` while supervising (0: a free port;
-            None: no endpoint). See :mod:`epochal.ops.metrics`.
+            None: no endpoint). The port is bound here, before anything of the job is
+            written: a busy port is a ``ConfigError`` at once. See :mod:`epochal.ops.metrics`.
         metrics_host: the address the metrics endpoint listens on.
+        metrics_endpoint: a server already bound (:func:`epochal.ops.metrics.listen`)
+            instead of ``metrics_port`` (the CLI binds it before it writes the job's record).
     """
 
     def __init__(
@@ -128,10 +132,16 @@ class Supervisor:
         pool: DriverPool | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        metrics_endpoint: Any = None,
     ) -> None:
         self.jobdir = jobdir
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.metrics_url: str | None = None
+        if metrics_endpoint is None and metrics_port is not None:
+            from epochal.ops.metrics import listen
+
+            metrics_endpoint = listen(metrics_port, metrics_host)
+        self.metrics_endpoint = metrics_endpoint
         self.pool = pool if pool is not None else default_pool()
         self.report = report
         self.force = force
@@ -142,6 +152,10 @@ class Supervisor:
         self.active: DriverProcess | None = None
         self.standby: DriverProcess | None = None
         self.lost = threading.Event()
+        self.unrenewable: str | None = None
+        """Why the lease can no longer be renewed (a corrupt lease record, a failing write),
+        once the renewal gave up: the drivers were stopped and the job ends FAILED."""
+        self._renewed_at = time.monotonic()
         self._stop_renewal = threading.Event()
         self._lease_lock = threading.RLock()
         self._launched = 0
@@ -151,6 +165,13 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> JobRecord:
         """Supervise the job to its end; returns the final record."""
+        try:
+            return self._run()
+        finally:
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.server_close()
+
+    def _run(self) -> JobRecord:
         record = self.jobdir.load()
         if not record.target:
             raise JobError(
@@ -171,31 +192,38 @@ class Supervisor:
             raise
         with self.jobdir.update(self._fence()) as current:
             current.supervisor = {"pid": os.getpid(), "host": socket.gethostname()}
+        self._renewed_at = time.monotonic()
         renewal = threading.Thread(target=self._renew, name="epochal-lease", daemon=True)
         renewal.start()
         endpoint = self._serve_metrics()
         try:
+            if self.unrenewable is not None:
+                return self._failed_renewal()
             return self._loop()
         except (LeaseLostError, FencedError):
+            if self.unrenewable is not None:
+                return self._failed_renewal()
             return self._lost()
+        except (SnapshotError, OSError) as exc:  # the lease or the record cannot be used
+            self._give_up_renewal(f"the job's lease or record could not be read or written: {exc}")
+            return self._failed_renewal()
         finally:
             if endpoint is not None:
                 endpoint.shutdown()
-                endpoint.server_close()
             self._stop_renewal.set()
             for driver in (self.active, self.standby):
                 if driver is not None:
                     driver.kill()
-            if not self.lost.is_set():
+            if not self.lost.is_set() and self.unrenewable is None:
                 self.jobdir.release_lease(self.owner)
 
     def _serve_metrics(self) -> Any:
-        """Start the metrics endpoint, if asked for (``metrics_port``)."""
-        if self.metrics_port is None:
+        """Start the metrics endpoint, if asked for (bound when this supervisor was made)."""
+        if self.metrics_endpoint is None:
             return None
         from epochal.ops.metrics import serve
 
-        server = serve(self.jobdir, self.metrics_port, self.metrics_host)
+        server = serve(self.jobdir, self.metrics_endpoint)
         host, port = server.server_address[:2]
         self.metrics_url = f"http://{host}:{port}/metrics"
         self.report(f"[{self.jobdir.name}] metrics (Prometheus text): {self.metrics_url}")
@@ -265,6 +293,8 @@ class Supervisor:
             )
             outcome = self._wait(driver, config)
             self._ended(driver, outcome)
+            if self.unrenewable is not None:
+                return self._failed_renewal()
             if self.lost.is_set():
                 raise LeaseLostError(f"job {record.name!r} was taken over")
             record = self.jobdir.load()
@@ -348,6 +378,13 @@ class Supervisor:
     def _start_standby(self) -> None:
         self.standby = self._new_driver(job=None)
         self._renew_now()
+        with contextlib.suppress(Exception), self.jobdir.update(self._fence()) as current:
+            current.supervisor = {
+                **{k: v for k, v in current.supervisor.items() if not k.startswith("standby_")},
+                "standby_pid": self.standby.pid,
+                "standby_launched": self.standby.launched,
+                "standby_ready": False,
+            }
 
     def _wait(self, driver: DriverProcess, config: JobConfig) -> RunOutcome:
         """Until the active driver ends. A driver that stops answering (no heartbeat for
@@ -356,7 +393,7 @@ class Supervisor:
             outcome = driver.wait(0.2)
             if outcome is not None:
                 return outcome
-            if self.lost.is_set():
+            if self.lost.is_set() or self.unrenewable is not None:
                 driver.kill()
             elif driver.heartbeat_age() > config.lease_ttl / 2:
                 self.report(
@@ -380,7 +417,7 @@ class Supervisor:
         driver.kill()
         with self._lease_lock:
             self.active = None
-        if self.lost.is_set():
+        if self.lost.is_set() or self.unrenewable is not None:
             return
         with contextlib.suppress(FencedError), self.jobdir.update(self._fence()) as current:
             entry = current.runs[-1] if current.runs else None
@@ -402,20 +439,33 @@ class Supervisor:
                 current.supervisor = {
                     **current.supervisor,
                     "standby_pid": driver.pid,
+                    "standby_ready": True,
+                    "standby_ready_at": time.time(),
                     "standby_warmup_s": event.get("warmup_s"),
                 }
 
     # -- the lease --------------------------------------------------------------------------
     def _renew(self) -> None:
+        """The renewal thread: renews every TTL/5 until the supervisor stops, the lease is
+        lost, or renewing failed for good (:meth:`_renew_now`). It never ends silently."""
         while not self._stop_renewal.wait(self.config.lease_ttl / 5):
-            self._renew_now()
-            if self.lost.is_set():
+            try:
+                self._renew_now()
+            except Exception as exc:  # anything unforeseen: stop the drivers, say why
+                self._give_up_renewal(f"renewing the lease failed: {type(exc).__name__}: {exc}")
+            if self.lost.is_set() or self.unrenewable is not None:
                 return
 
     def _renew_now(self) -> None:
         """Renew the lease, unless the active driver stopped answering (it is about to be
-        killed: never vouch for a hung driver)."""
+        killed: never vouch for a hung driver). A renewal that fails (the lock busy, the
+        lease record corrupt, a write refused: a full disk, a read-only file system) is
+        tried again at the next round; once the lease went unrenewed for half its TTL (when
+        the driver's own watchdog stops it too), the supervisor gives up: it stops its
+        drivers and the job ends FAILED with the reason (:meth:`_give_up_renewal`)."""
         with self._lease_lock:
+            if self.unrenewable is not None:
+                return
             active = self.active
             if active is not None and active.heartbeat_age() > self.config.lease_ttl / 2:
                 return
@@ -424,8 +474,16 @@ class Supervisor:
                 held = self.jobdir.renew_lease(
                     self.owner, self.epoch, ttl=self.config.lease_ttl, tokens=tokens
                 )
-            except JobError:
-                return  # the lock was busy; the next round renews
+            except (JobError, SnapshotError, OSError) as exc:
+                unrenewed = time.monotonic() - self._renewed_at
+                if unrenewed > self.config.lease_ttl / 2:
+                    self._give_up_renewal(
+                        f"the lease could not be renewed for {unrenewed:.1f}s (limit "
+                        f"{self.config.lease_ttl / 2:.1f}s, half its TTL): {exc}"
+                    )
+                return
+            if held:
+                self._renewed_at = time.monotonic()
             if not held and not self.lost.is_set():
                 self.lost.set()
                 self.report(
@@ -436,6 +494,56 @@ class Supervisor:
                     if driver is not None:
                         with contextlib.suppress(TimeoutError):
                             processes.kill_run(driver.token)
+
+    def _give_up_renewal(self, why: str) -> None:
+        """The lease can no longer be renewed: stop every driver of this supervisor now (a
+        driver must never run on an unrenewed lease), and say why; the job then ends FAILED
+        (:meth:`_failed_renewal`)."""
+        with self._lease_lock:
+            if self.unrenewable is not None:
+                return
+            self.unrenewable = why
+            drivers = [d for d in (self.active, self.standby) if d is not None]
+        self.report(
+            f"[{self.jobdir.name}] {why}; stopping this supervisor's drivers (a driver never "
+            "runs on an unrenewed lease)"
+        )
+        for driver in drivers:
+            with contextlib.suppress(TimeoutError):
+                processes.kill_run(driver.token)
+
+    def _failed_renewal(self) -> JobRecord:
+        """End the job FAILED because its lease could not be renewed: the record says why
+        and what to do, if it can still be written (without the fence, which reads the lease);
+        else the reason is reported and a record built from what is known is returned."""
+        lease = f"{self.jobdir.path}/{LEASE_RECORD}"
+        failure = (
+            f"{self.unrenewable}. The drivers were stopped. Check the disk under "
+            f"{self.jobdir.path} (space, permissions, {lease}); if {lease} is corrupt and no "
+            "other supervisor or driver runs the job, delete it; then `python -m epochal jobs "
+            f"resume {self.jobdir.name} --snapshot-dir {self.jobdir.snapshot_dir}` continues "
+            "from the last snapshot"
+        )
+        try:
+            try:
+                fence = self._fence()
+                fence.check("ending the job after its lease could not be renewed")
+            except FencedError:
+                return self._lost()  # another supervisor took the job over: its record now
+            except (SnapshotError, OSError):
+                pass  # the lease cannot be read: nobody can take the job over meanwhile
+            with self.jobdir.update() as current:
+                current.status = JobStatus.FAILED
+                current.failure = failure
+                current.requested = None
+                final = current
+        except Exception as exc:  # the disk refuses the record too: say so, do not hide it
+            self.report(f"[{self.jobdir.name}] the job's record could not be written: {exc}")
+            final = JobRecord(
+                self.jobdir.name, "", self.config.to_dict(), JobStatus.FAILED, failure=failure
+            )
+        self.report(f"[{self.jobdir.name}] failed: {failure}")
+        return final
 
     def _lost(self) -> JobRecord:
         self.lost.set()

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from epochal.control.fault_plan import FaultPlan
@@ -32,8 +33,9 @@ class Phases:
         self._last = started
         self._spent: dict[str, float] = {}
 
-    def mark(self, step: str, since: float | None = None) -> None:
-        now = time.time()
+    def mark(self, step: str, since: float | None = None, at: float | None = None) -> None:
+        """``step`` ended now (or ``at``), after the last mark (or ``since``)."""
+        now = time.time() if at is None else at
         self._spent[step] = round(now - (self._last if since is None else since), 3)
         self._last = now
 
@@ -53,6 +55,18 @@ class RunState:
     first_batch_seen: bool = False
     phases: Phases = field(default_factory=lambda: Phases(time.time()))
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def batch_ended(progress: Any) -> float:
+    """When a batch of Spark's progress report ended (its trigger's start plus its
+    ``triggerExecution`` time), not when the report reached the driver's listener, which is
+    a quarter to half a second later on a busy machine; now if the report does not say."""
+    try:
+        started = datetime.fromisoformat(str(progress.timestamp).replace("Z", "+00:00"))
+        took = float(dict(progress.durationMs or {})["triggerExecution"]) / 1000
+    except (KeyError, TypeError, ValueError):
+        return time.time()
+    return min(started.timestamp() + took, time.time())
 
 
 class ProgressReporter:
@@ -95,17 +109,18 @@ class ProgressReporter:
                 current.status = JobStatus.RUNNING
                 entry = current.run_entry(run)
                 if entry is not None:
+                    ended = batch_ended(progress)
                     entry["first_batch"] = batch
-                    entry["first_batch_at"] = time.time()
-                    entry["first_batch_s"] = round(time.time() - started, 3)
+                    entry["first_batch_at"] = ended
+                    entry["first_batch_s"] = round(ended - started, 3)
                     entry["first_batch_rows"] = rows
                     entry["first_batch_spark_ms"] = {
                         str(k): int(v) for k, v in dict(progress.durationMs or {}).items()
                     }
-                    phases.mark("first batch")
+                    phases.mark("first batch", at=ended)
                     entry["phases"] = phases.as_dict()
                     if entry.get("failed_at"):
-                        entry["recovery_s"] = round(time.time() - float(entry["failed_at"]), 3)
+                        entry["recovery_s"] = round(ended - float(entry["failed_at"]), 3)
             self.record.progress = current.progress
         self._collect_metrics(batch, progress)
         emit(

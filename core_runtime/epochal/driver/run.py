@@ -53,9 +53,11 @@ from epochal.driver.session import (
     wait_for_idle,
 )
 from epochal.parts import secrets
+from epochal.parts.spark_plan import UnreadablePlanError, judge, part_records, read_query
 from epochal.state.fence import Fence, checkpoint_location, state_dir
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.run_records import RUN_DIR_ENV, write_run_record
+from epochal.state.store import SnapshotStore
 from epochal_sdk import FencedError
 
 
@@ -190,7 +192,9 @@ class Driver:
                 "epoch": self.epoch,
                 "token": os.environ.get(processes.RUN_TOKEN_ENV),
             }
+            standby = None
             if current.supervisor.get("standby_pid") == os.getpid():  # promoted: no standby
+                standby = standby_at_promotion(current.supervisor, started)
                 current.supervisor = {
                     k: v for k, v in current.supervisor.items() if not k.startswith("standby_")
                 }
@@ -203,6 +207,7 @@ class Driver:
                     "started": started,
                     "failed_at": (previous or {}).get("ended"),
                     "driver_pid": os.getpid(),
+                    **({"standby": standby} if standby else {}),
                 }
             )
             run = current.run
@@ -243,11 +248,36 @@ class Driver:
             writer = writer.trigger(
                 processingTime=f"{int(self.config.snapshot_interval * 1000)} milliseconds"
             )
+        self._judge_sparks_parts(writer)
         self.runners = SourceRunnerWatch(jvm_pid(self.spark))
         query = writer.start()
         with self.current.lock:
             self.current.query_run_id = str(query.runId)
         return query
+
+    def _judge_sparks_parts(self, writer: Any) -> None:
+        """Read the whole query before it starts (:mod:`epochal.parts.spark_plan`) and judge
+        every part that is not epochal's (Spark's sources and sinks, ``foreachBatch``, other
+        Python data sources) against the job's guarantee: a part that gives less refuses the
+        job with a ``GuaranteeError`` (fatal: the job fails, no restart), unless the job
+        allows the downgrade. Each such part is recorded in the run's store (``jobs status``
+        and the metrics show it) and the job's effective guarantee in its record: the weakest
+        of these parts and the job's (epochal's own parts refuse or lower themselves, and
+        record what they run with, when Spark plans them). A writer whose plan cannot be read
+        here (a Spark Connect writer) is said so in the run's log and started unjudged."""
+        assert self.jobdir is not None
+        config = self.config
+        try:
+            plan = read_query(writer)
+        except UnreadablePlanError as exc:
+            sys.stderr.write(f"epochal driver: Spark's own parts are not checked: {exc}\n")
+            return
+        verdict = judge(plan.parts, config.guarantee, allow_downgrade=config.allow_downgrade)
+        store = SnapshotStore(f"{self.state}/store", anchor=self.state)
+        for record in part_records(verdict):
+            record.write(store)
+        with self.jobdir.update(self.fence) as current:
+            current.effective_guarantee = verdict.effective.label
 
     def _healthy(self) -> bool:
         """Whether the JVM and the SparkContext survived (an in-place restart is possible)."""
@@ -297,3 +327,15 @@ class Driver:
             f"epochal: run failed ({kind.failure.value}: {kind.name}): {secrets.mask(text)}\n"
         )
         return EXIT_RESTARTABLE if kind.failure is Failure.RESTARTABLE else EXIT_FATAL
+
+
+def standby_at_promotion(supervisor: dict[str, Any], promoted: float) -> dict[str, Any]:
+    """What a promoted standby was when its job took it (from the supervisor's part of the
+    job record): ready or still warming, how long it had been up, how long its warm-up took."""
+    launched = supervisor.get("standby_launched")
+    out: dict[str, Any] = {"ready": bool(supervisor.get("standby_ready"))}
+    if launched:
+        out["up_s"] = round(promoted - float(launched), 1)
+    if supervisor.get("standby_warmup_s") is not None:
+        out["warmup_s"] = supervisor["standby_warmup_s"]
+    return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.control import processes
+from epochal.parts import secrets
 from epochal.parts.job_context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
@@ -91,7 +92,17 @@ class SessionProfile:
 
 
 def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
-    """A SparkSession for a profile (its master, state store and settings)."""
+    """A SparkSession for a profile (its master, state store and settings).
+
+    The profile's ``${env:NAME}``/``${file:PATH}`` references are resolved here, in the
+    driver process. PySpark passes every setting it has before the JVM starts on the JVM's
+    command line (``spark-submit --conf k=v``), which every user of the host can read; so a
+    setting that is a reference or holds a secret (:func:`~epochal.parts.secrets.
+    is_secret_setting`) is given to Spark only once the JVM runs, through PySpark's gateway,
+    before the SparkContext is made (what the context reads at its creation, ``spark.hadoop.*``
+    included, acts as if it had been on the command line). Settings read when the JVM is
+    launched (:data:`~epochal.config.JVM_LAUNCH_SETTINGS`) cannot be given that way; a job
+    with a secret in one is refused when it is submitted."""
     from pyspark.sql import SparkSession
 
     from epochal.startup.classdata import driver_java_options
@@ -100,45 +111,70 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
 
     use_fast_spark_home(profile.master)
 
-    builder = (
-        SparkSession.builder.master(profile.master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config(f"spark.executorEnv.{STARTING_ENV}", "0")
-        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-        .config("spark.sql.streaming.stopTimeout", "30s")
+    settings: dict[str, str] = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        f"spark.executorEnv.{STARTING_ENV}": "0",
+        "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "spark.sql.streaming.stopTimeout": "30s",
         # Hadoop's file systems apply their own umask to what they create (the checkpoint)
-        .config("spark.hadoop.fs.permissions.umask-mode", "077")
-    )
+        "spark.hadoop.fs.permissions.umask-mode": "077",
+    }
     token = os.environ.get(processes.RUN_TOKEN_ENV)
     if token:  # executors' Python workers carry the run token too (kill_run finds them)
-        builder = builder.config(f"spark.executorEnv.{processes.RUN_TOKEN_ENV}", token)
+        settings[f"spark.executorEnv.{processes.RUN_TOKEN_ENV}"] = token
     if profile.master.startswith("local-cluster"):
-        builder = builder.config("spark.executor.memory", "600m").config(
-            "spark.task.maxFailures", "4"
-        )
-    for key, value in objectstore.spark_conf().items():  # s3a:// checkpoints, executors' store
-        builder = builder.config(key, value)
-    for key, value in session_conf(profile.master).items():  # state files linked, not copied
-        builder = builder.config(key, value)
+        settings.update({"spark.executor.memory": "600m", "spark.task.maxFailures": "4"})
+    settings.update(objectstore.spark_conf())  # s3a:// checkpoints, executors' store
+    settings.update(session_conf(profile.master))  # state files linked, not copied
     conf = dict(profile.spark_conf)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
+    private = private_settings(conf)
+    settings.update({key: value for key, value in conf.items() if key not in private})
     # the class-data archive, when there is one (a faster JVM start)
     java_options = driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
-    builder = builder.config("spark.driver.extraJavaOptions", follow_tmpdir(java_options))
+    settings["spark.driver.extraJavaOptions"] = follow_tmpdir(java_options)
     if profile.master.startswith("local-cluster"):  # executors started on this machine
         executor_options = conf.get("spark.executor.extraJavaOptions", "")
-        builder = builder.config("spark.executor.extraJavaOptions", follow_tmpdir(executor_options))
+        settings["spark.executor.extraJavaOptions"] = follow_tmpdir(executor_options)
+    if private:
+        start_jvm(profile.master, app_name, settings)
+        settings.update(private)
+    builder = SparkSession.builder.master(profile.master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def private_settings(conf: dict[str, str]) -> dict[str, str]:
+    """The settings of ``conf`` that must stay off the JVM's command line, resolved: those
+    given as ``${env:NAME}``/``${file:PATH}`` references and those that hold a secret
+    (:func:`~epochal.parts.secrets.is_secret_setting`). Raises ``ConfigError`` for a
+    reference that cannot be resolved in this process (naming the setting)."""
+    return {
+        key: secrets.resolve(key, value)
+        for key, value in conf.items()
+        if secrets.is_reference(value) or secrets.is_secret_setting(key, value)
+    }
+
+
+def start_jvm(master: str, app_name: str, settings: dict[str, str]) -> None:
+    """Start this process's Spark JVM (PySpark's gateway) with ``settings`` on its command
+    line and no SparkContext yet, so that what is set afterwards reaches the JVM through the
+    gateway only. Nothing happens when the gateway runs already. (PySpark 4.3's
+    ``SparkContext._ensure_initialized``: the one call that launches the gateway alone.)"""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is not None:
+        return
+    launch = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name)
+    launch.setAll(list(settings.items()))
+    SparkContext._ensure_initialized(conf=launch)
 
 
 def follow_tmpdir(java_options: str) -> str:

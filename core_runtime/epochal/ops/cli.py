@@ -132,26 +132,41 @@ def _run(args: argparse.Namespace) -> int:
     from epochal.control.supervisor import submit
 
     _refuse_spark_connect(args.master)
+    config = _config(args)  # every setting checked before anything is written
+    endpoint = _metrics_endpoint(args)  # a busy port, too
     sys.path.insert(0, os.getcwd())
-    jobdir = submit(args.name, args.target, _config(args), replace=args.replace)
-    return _supervise(jobdir, force=False, args=args)
+    try:
+        jobdir = submit(args.name, args.target, config, replace=args.replace)
+    except BaseException:
+        if endpoint is not None:
+            endpoint.server_close()
+        raise
+    return _supervise(jobdir, force=False, args=args, endpoint=endpoint)
+
+
+def _metrics_endpoint(args: argparse.Namespace) -> Any:
+    """The metrics endpoint's server, bound now (``--metrics-port``), or None."""
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return None
+    from epochal.ops.metrics import listen
+
+    return listen(port, getattr(args, "metrics_host", None) or "127.0.0.1")
 
 
 EXIT_TAKEN_OVER = 3
 """Exit code of a supervisor whose job was taken over by another supervisor."""
 
 
-def _supervise(jobdir: Any, force: bool, args: argparse.Namespace | None = None) -> int:
+def _supervise(
+    jobdir: Any, force: bool, args: argparse.Namespace | None = None, endpoint: Any = None
+) -> int:
     from epochal.control.supervisor import Supervisor
     from epochal.state.jobs import JobStatus
 
-    supervisor = Supervisor(
-        jobdir,
-        force=force,
-        on_progress=_progress,
-        metrics_port=getattr(args, "metrics_port", None),
-        metrics_host=getattr(args, "metrics_host", None) or "127.0.0.1",
-    )
+    if endpoint is None and args is not None:
+        endpoint = _metrics_endpoint(args)
+    supervisor = Supervisor(jobdir, force=force, on_progress=_progress, metrics_endpoint=endpoint)
     try:
         record = supervisor.run()
         if supervisor.lost.is_set():
@@ -197,22 +212,10 @@ def _jobdir(args: argparse.Namespace) -> Any:
 def _jobs(args: argparse.Namespace) -> int:
     from epochal.control.supervisor import request
     from epochal.state.checkpoint import verify_job
-    from epochal.state.jobs import list_jobs
 
     action = args.action
     if action == "list":
-        from epochal.ops.status import job_status
-
-        records = list_jobs(args.snapshot_dir)
-        if not records:
-            print(f"no jobs in {args.snapshot_dir}")
-        for r in records:
-            status = job_status(_jobdir(argparse.Namespace(**{**vars(args), "name": r.name})), r)
-            print(
-                f"{r.name:<24} {status['status']:<11} runs {r.run:<3} restarts {r.restarts:<3} "
-                f"batch {r.progress.get('batch', '-')}  {r.target}"
-            )
-        return 0
+        return _list(args)
     if not args.name:
         raise CommandError(
             f"give the job's name: `python -m epochal jobs {action} NAME "
@@ -249,6 +252,53 @@ def _jobs(args: argparse.Namespace) -> int:
         print(f"{args.name}: snapshot sound ({checked} entries verified)")
         return 0
     raise CommandError(f"unknown action {action!r}; see `python -m epochal jobs --help`")
+
+
+UNREADABLE = "UNREADABLE"
+"""What ``jobs list`` shows for a job whose record or lease cannot be read."""
+
+
+def _list(args: argparse.Namespace) -> int:
+    """``jobs list``: one line per job; a job whose record or lease cannot be read is shown
+    as UNREADABLE with the path, the problem and what to do (never left out), and the others
+    are listed all the same. Exit code 1 when some job is unreadable."""
+    from epochal.ops.status import job_status
+    from epochal.state.jobs import UnreadableJob, scan_jobs
+
+    found = scan_jobs(args.snapshot_dir)
+    if not found:
+        print(f"no jobs in {args.snapshot_dir}")
+    unreadable = 0
+    for job in found:
+        if isinstance(job, UnreadableJob):
+            unreadable += 1
+            print(f"{job.name:<24} {UNREADABLE:<11} {job.path}: {job.problem}. {job.fix}")
+            continue
+        jobdir = _jobdir(argparse.Namespace(**{**vars(args), "name": job.name}))
+        try:
+            status = job_status(jobdir, job)
+        except (EpochalError, OSError) as exc:  # the lease: the error says what to do
+            unreadable += 1
+            print(f"{job.name:<24} {UNREADABLE:<11} {exc}")
+            continue
+        print(
+            f"{job.name:<24} {status['status']:<11} runs {job.run:<3} restarts "
+            f"{job.restarts:<3} batch {job.progress.get('batch', '-')}  {job.target}"
+        )
+    return 1 if unreadable else 0
+
+
+def _port(text: str) -> int:
+    """``--metrics-port``: a TCP port, 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{port} is not a TCP port: give 1 to 65535, or 0 for a free one"
+        )
+    return port
 
 
 def _in_doubt(args: argparse.Namespace) -> int:
@@ -512,7 +562,7 @@ def _metrics_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--metrics-port``/``--metrics-host``: the supervisor's Prometheus endpoint."""
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         help=f"{prefix}serve the job's metrics in Prometheus text format at "
         "http://HOST:PORT/metrics while this supervisor runs (0: a free port, printed); "

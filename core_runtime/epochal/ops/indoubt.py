@@ -34,8 +34,8 @@ from epochal_sdk import (
     RecoveryScope,
     TransactionalSink,
     TransactionId,
-    transaction_prefix,
 )
+from epochal_sdk.ids import transaction_prefix
 
 ACTIONS = ("list", "settle")
 
@@ -191,10 +191,8 @@ def sinks_of(
 
 def _sink_ids_in_doubt(sink: TransactionalSink, job: str) -> set[str]:
     """The sink ids in the transaction ids of ``job`` that ``sink`` finds in doubt."""
-    from epochal.protocols.transactions import call_in_doubt
-
     head = transaction_prefix(job, "")
-    raw = call_in_doubt(sink, head, RecoveryScope(head.rstrip("."), "inspect"))
+    raw = sink.in_doubt(RecoveryScope(head.rstrip("."), "inspect"))
     out = set()
     for prepared in raw:
         txn = TransactionId.parse(prepared.transaction_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from epochal.ops.recovery import recoveries
 from epochal.state.jobs import JobDirectory, JobRecord
 
 ORPHANED = "ORPHANED"
@@ -40,6 +41,8 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
         "progress": dict(record.progress),
         "failure": record.failure,
         "runs": [_run(entry) for entry in record.runs[-10:]],
+        "recoveries": [r.as_dict() for r in recoveries(record.runs[-10:])],
+        "standby": standby_state(record.supervisor, now),
         "updated_ago_s": round(now - record.updated, 1),
         "metrics": _metrics(jobdir),
     }
@@ -67,6 +70,21 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
             f"{jobdir.snapshot_dir}`"
         )
     return out
+
+
+def standby_state(supervisor: dict[str, Any], now: float) -> dict[str, Any] | None:
+    """The warm standby driver, if the job has one: ready, or still warming up (and for how
+    long): a standby that is not ready yet recovers the job barely faster than a new
+    driver."""
+    if "standby_pid" not in supervisor:
+        return None
+    launched = supervisor.get("standby_launched")
+    return {
+        "pid": supervisor["standby_pid"],
+        "ready": bool(supervisor.get("standby_ready")),
+        "up_s": round(now - float(launched), 1) if launched else None,
+        "warmup_s": supervisor.get("standby_warmup_s"),
+    }
 
 
 def _metrics(jobdir: JobDirectory) -> dict[str, Any]:
@@ -100,11 +118,18 @@ def render(status: dict[str, Any]) -> str:
     lease = status.get("lease") or {}
     supervisor = status.get("supervisor") or {}
     driver = status.get("driver") or {}
+    standby = status.get("standby")
     lines.append(
         f"  supervisor pid {supervisor.get('pid', '-')} on {supervisor.get('host', '-')}"
         + (
-            f", standby driver pid {supervisor['standby_pid']}"
-            if "standby_pid" in supervisor
+            f", standby driver pid {standby['pid']} "
+            + (
+                f"ready (warm-up {standby['warmup_s']}s)"
+                if standby["ready"]
+                else f"warming up for {standby['up_s']}s (not ready: a kill now recovers "
+                "barely faster than a new driver)"
+            )
+            if standby
             else ""
         )
     )
@@ -131,6 +156,9 @@ def render(status: dict[str, Any]) -> str:
                 f"{_seconds(run['start_to_first_batch_s']):>16}  "
                 f"{_seconds(run['recovery_s']):>8}  {str(run['outcome'] or '')[:60]}"
             )
+    for recovery in status.get("recoveries") or []:
+        phases = " + ".join(f"{k} {v:.2f}" for k, v in recovery["phases"].items())
+        lines.append(f"  recovery of run {recovery['run']}: {recovery['seconds']:.2f}s = {phases}")
     return "\n".join(lines)
 
 

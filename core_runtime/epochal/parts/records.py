@@ -1,8 +1,9 @@
 """The records of a job's parts, in one place: each run notes every source and sink of its
 query in the run's snapshot store (``parts/<kind>-<part id>``): the connector, the contract
-it is driven by, the effective guarantee and its options with secrets left out. ``jobs
-status`` and the metrics show them; ``epochal in-doubt`` builds the job's transactional sinks
-from them.
+it is driven by, the effective guarantee, its options with secrets left out and its target
+(where it writes or reads, without secrets). ``jobs status`` and the metrics show them;
+``epochal in-doubt`` builds the job's transactional sinks from them; the next run checks that
+a part with the same id still has the same target (:func:`check_target`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epochal.state.store import SnapshotStore
+from epochal_sdk import ConfigError
 
 PARTS = "parts"
 """The snapshot store's directory of part records."""
@@ -31,6 +33,8 @@ class PartRecord:
             ...).
         options: the options as they may be written down (secrets left out).
         reason: why the guarantee is below exactly-once, if it is.
+        target: where the part writes or reads (:meth:`epochal_sdk.Connector.target`),
+            without secrets; empty when its connector declares no target.
     """
 
     kind: str
@@ -40,6 +44,7 @@ class PartRecord:
     contract: str = ""
     options: dict[str, str] = field(default_factory=dict)
     reason: str = ""
+    target: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -63,6 +68,7 @@ class PartRecord:
             contract=str(data.get("contract", "")),
             options={str(k): str(v) for k, v in dict(data.get("options") or {}).items()},
             reason=str(data.get("reason", "")),
+            target={str(k): str(v) for k, v in dict(data.get("target") or {}).items()},
         )
 
 
@@ -75,3 +81,44 @@ def read_parts(store: SnapshotStore) -> dict[str, PartRecord]:
             name = key.rsplit("/", 1)[1]
             out[name] = PartRecord.from_json(name, dict(store.read_json(key)))
     return out
+
+
+def check_target(store: SnapshotStore, kind: str, part_id: str, target: dict[str, str]) -> None:
+    """Refuse a part whose run's store records it, under the same id, with another target.
+
+    A part's id leaves its secrets out, so a rotated password keeps it, and with it the
+    part's commit decisions, in-doubt transactions and stored batches. Those belong to the
+    target they were made against: recovering them against another one (an explicit
+    ``epochal.id`` kept while the table moved, a ``${env:...}`` reference that now names
+    another server) would commit nothing where the data was prepared and skip the batch
+    where it now goes. Nothing is refused when either side has no target (a connector that
+    declares none, a record from before targets were recorded).
+
+    Raises:
+        ConfigError: naming the part, what changed, and how to go on.
+    """
+    if not target:
+        return
+    key = f"{kind}-{part_id}"
+    try:
+        data = store.read_json(f"{PARTS}/{key}") if store.exists(f"{PARTS}/{key}") else None
+    except Exception:  # an unreadable record is the store's verification's to report
+        return
+    before = PartRecord.from_json(key, dict(data)).target if data else {}
+    if not before or before == target:
+        return
+    changed = "; ".join(
+        f"{name}: {before.get(name, '(none)')} -> {target.get(name, '(none)')}"
+        for name in sorted(set(before) | set(target))
+        if before.get(name) != target.get(name)
+    )
+    raise ConfigError(
+        f"{kind} {part_id}",
+        "target",
+        f"this job's {kind} {part_id!r} ran against another target before this restart "
+        f"({changed}), and its snapshot entries (commit decisions, in-doubt transactions, "
+        "stored batches) belong to that one",
+        "To keep the old target, set the options back. To use the new one as a new part, "
+        "give it another .option('epochal.id', ...) (settle what the old one left with "
+        "`python -m epochal in-doubt`), or cancel the job and run it afresh",
+    )

@@ -18,7 +18,13 @@ from collections.abc import Mapping
 import pluggy
 
 from epochal.parts import secrets
-from epochal_sdk import ConfigError, Connector
+from epochal_sdk import (
+    AcknowledgingSource,
+    ConfigError,
+    Connector,
+    Options,
+    ReplayableSource,
+)
 from epochal_sdk import hookspecs as specs
 
 log = logging.getLogger("epochal.parts.registry")
@@ -145,9 +151,108 @@ def _installed_alone(name: str) -> type[Connector] | None:
     return None
 
 
-SPARK_OWN_OPTIONS = frozenset({"checkpointlocation"})
-"""Options Spark hands to a data source that are not the connector's: the checkpoint moves
-with the job's lease epoch, and a part's id must not."""
+SPARK_OWN_OPTIONS = frozenset({"checkpointlocation", "queryname"})
+"""Options Spark hands to a data source that are not the connector's (lower case): a
+streaming write's ``checkpointLocation`` and ``queryName`` (``writeStream.queryName(...)`` is
+an option to Spark). Neither is part of a part's id: the checkpoint moves with the job's lease
+epoch, and a query renamed is the same query."""
+
+RUNTIME_OPTIONS = frozenset(
+    {
+        "epochal.job",
+        "epochal.snapshotDir",
+        "epochal.guarantee",
+        "epochal.allowDowngrade",
+        "epochal.faults",
+        "epochal.checkpointLocation",
+        "epochal.leaseTtl",
+        "epochal.id",
+        "epochal.foreachBatchIdempotent",
+    }
+)
+"""Every ``epochal.*`` option of a query, the runtime's own: the one list the name check
+uses (an ``epochal.*`` option not in it is refused with a "did you mean")."""
+PART_OPTIONS = frozenset({"guarantee"})
+"""Options the runtime reads from every source and sink (``guarantee``: lower the part's)."""
+CONTRACT_OPTIONS: dict[type, frozenset[str]] = {
+    ReplayableSource: frozenset({"maxRecordsPerBatch"}),
+    AcknowledgingSource: frozenset(
+        {"maxRecordsPerBatch", "receiveTimeoutMs", "dedupeWindowBatches", "dedupeWindowIds"}
+    ),
+}
+"""Options the runtime reads from a source of each contract (admission control, the
+acknowledging source's receive timeout and dedupe window)."""
+
+
+def check_runtime_options(options: Mapping[str, str]) -> None:
+    """Refuse an ``epochal.*`` option that is not one of :data:`RUNTIME_OPTIONS`, and a job
+    name (the ``epochal.job`` option, else ``$EPOCHAL_JOB``) that cannot name a job (it
+    names a directory and prefixes transaction ids): before anything is written. Called by
+    the data source when Spark creates it on the driver."""
+    from epochal.parts.job_context import ENV_JOB
+    from epochal.state.layout import check_job_name
+
+    runtime = {k: v for k, v in options.items() if k.lower().startswith("epochal.")}
+    Options("epochal", runtime).check_names(RUNTIME_OPTIONS, part="the runtime")
+    given = {k.lower(): v for k, v in runtime.items()}.get("epochal.job")
+    name = given or os.environ.get(ENV_JOB)
+    if name is None:
+        return
+    try:
+        check_job_name(name)
+    except ValueError:
+        where = "" if given else f" (from the environment variable {ENV_JOB})"
+        raise ConfigError(
+            "job",
+            "epochal.job" if given else ENV_JOB,
+            f"{name!r}{where} cannot name a job: it names the job's directory and prefixes "
+            "its transaction ids",
+            "Use letters, digits, '-' and '_' only.",
+        ) from None
+
+
+def check_options(name: str, kind: str, options: Mapping[str, str]) -> None:
+    """Refuse an option connector ``name``'s ``kind`` (``"source"`` or ``"sink"``) does not
+    take, with a "did you mean": the connector's declared options
+    (:meth:`~epochal_sdk.Connector.declared_options`), its pass-through families
+    (``option_prefixes``), the runtime's options of the part (:data:`PART_OPTIONS`,
+    :data:`CONTRACT_OPTIONS`) and Spark's own. A connector that declares nothing for ``kind``
+    is not checked. Called on the driver when a query plans the part, before it is built."""
+    cls = type(connector(name))
+    declared = cls.declared_options(kind)
+    if declared is None:
+        return
+    klass = cls.source_class if kind == "source" else cls.sink_class
+    runtime = set(PART_OPTIONS)
+    for contract, names in CONTRACT_OPTIONS.items():
+        if klass is None or issubclass(klass, contract):
+            runtime |= names
+    user = {
+        k: v
+        for k, v in options.items()
+        if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
+    }
+    Options(name, user).check_names(
+        declared | runtime, cls.option_prefixes, part=f"the {name} {kind}"
+    )
+
+
+def restartable_errors(name: str) -> tuple[type[BaseException], ...]:
+    """The client library errors connector ``name`` declares restartable
+    (:attr:`~epochal_sdk.Connector.restartable_errors`); none for an unknown connector."""
+    try:
+        return tuple(type(connector(name)).restartable_errors)
+    except Exception:  # an unknown connector: its own error comes where it is built
+        return ()
+
+
+def target_of(name: str, kind: str, options: Options) -> dict[str, str]:
+    """Where connector ``name``'s ``kind`` with these (resolved) options writes or reads
+    (:meth:`~epochal_sdk.Connector.target`), as it may be written down: secret entries left
+    out and secrets in values masked (a backstop: a target names no secret). Empty when the
+    connector declares no target."""
+    found = connector(name).target(options, kind)
+    return secrets.recordable({str(k): str(v) for k, v in found.items()})
 
 
 def part_id(name: str, options: Mapping[str, str]) -> str:

@@ -10,7 +10,25 @@ from collections.abc import Mapping
 
 from epochal_sdk.redaction import MASK, SECRET_NAME, is_secret, mask
 
-__all__ = ["MASK", "SECRET_NAME", "is_secret", "mask", "recordable", "resolve", "resolved"]
+__all__ = [
+    "MASK",
+    "SECRET_NAME",
+    "SPARK_SECRET_SETTING",
+    "is_reference",
+    "is_secret",
+    "is_secret_setting",
+    "mask",
+    "recordable",
+    "resolve",
+    "resolved",
+]
+
+SPARK_SECRET_SETTING = re.compile(r"(?i)secret|password|token|access[._]?key")
+"""Spark settings whose values are secrets, by name: Spark's own ``spark.redaction.regex``
+(``secret|password|token|access[.]key``), which also catches the S3A and AWS key settings
+(``spark.hadoop.fs.s3a.secret.key``, ``spark.executorEnv.AWS_SECRET_ACCESS_KEY``). Narrower
+than :data:`SECRET_NAME`: a Spark setting named ``...credentials.provider`` or
+``spark.authenticate`` holds a class name or a flag."""
 
 
 def recordable(
@@ -33,6 +51,18 @@ def without_secrets(
 
 
 _REFERENCE = re.compile(r"^\$\{(?P<kind>env|file):(?P<name>[^}]+)\}$")
+
+
+def is_reference(value: str) -> bool:
+    """Whether ``value`` is a ``${env:NAME}`` or ``${file:PATH}`` reference."""
+    return isinstance(value, str) and _REFERENCE.match(value.strip()) is not None
+
+
+def is_secret_setting(key: str, value: str) -> bool:
+    """Whether the Spark setting ``key=value`` holds a secret: its name says so
+    (:data:`SPARK_SECRET_SETTING`), or its value shows one (a password in a URL, a
+    ``password=`` item, a private key: what :func:`mask` masks)."""
+    return bool(SPARK_SECRET_SETTING.search(key)) or mask(str(value)) != str(value)
 
 
 def resolve(option: str, value: str) -> str:

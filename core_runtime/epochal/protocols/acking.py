@@ -21,8 +21,9 @@ a replay after a restart finds nothing, and the broker redelivers what was not a
 Fencing (see :mod:`epochal.state.fence`): a stored batch is handed to Spark only if the fence still
 holds after it was stored, and acknowledgements are sent only after a fence check (in both
 modes), so a driver that lost the job's lease neither plans nor acknowledges anything. Crash
-points: ``ack_source.after_store`` (exactly-once), ``ack_source.before_ack`` and
-``ack_source.after_ack`` (both modes).
+points: ``ack_source.after_receive`` (messages received, nothing stored or acknowledged: a
+source that acknowledges on receipt loses them here), ``ack_source.after_store``
+(exactly-once), ``ack_source.before_ack`` and ``ack_source.after_ack`` (both modes).
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class AckProtocol(_Measured):
             received = self.source.receive(max_messages, timeout)
             if not received:
                 break
+            self.step("ack_source.after_receive", start_seq + 1)
             kept = [m for m in received if not self._is_duplicate(m)]
         self._note(
             dedupe_dropped=self.stats.duplicates_dropped - dropped,
@@ -334,6 +336,7 @@ class MemoryAcks(_Measured):
         messages = self.source.receive(max_messages, timeout)
         if not messages:
             return start_seq
+        self.step("ack_source.after_receive", max(self.last_seq, start_seq) + 1)
         self.last_seq = max(self.last_seq, start_seq) + 1
         self.memory[self.last_seq] = messages
         self._note(records_in=len(messages))

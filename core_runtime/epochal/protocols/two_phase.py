@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.state.store import EntryExistsError, SnapshotStore
-from epochal_sdk import Prepared, TransactionalSink, TransactionId
+from epochal_sdk import Prepared, RecoveryScope, TransactionalSink, TransactionId
+from epochal_sdk.ids import Purpose
 
 log = logging.getLogger("epochal.2pc")
 
@@ -78,6 +79,8 @@ class TwoPhaseCommit:
         step: called at each named protocol step (crash points in tests).
         fence: raises ``FencedError`` when this run no longer holds the job's lease.
         lease_epoch: recorded with each decision (for operators).
+        purpose: what a look-up of every batch is for: ``recovery`` (a run's start, an
+            operator settling) or ``inspect`` (an operator listing; nothing changes).
     """
 
     def __init__(
@@ -91,9 +94,11 @@ class TwoPhaseCommit:
         step: Step = _no_step,
         fence: FenceCheck = _no_fence,
         lease_epoch: int = 0,
+        purpose: Purpose = "recovery",
     ) -> None:
         self.store, self.sink, self.sink_id, self.prefix = store, sink, sink_id, prefix
         self.run = run
+        self.purpose: Purpose = purpose
         self.step = step
         self.fence = fence
         self.lease_epoch = lease_epoch
@@ -250,9 +255,13 @@ class TwoPhaseCommit:
         """This sink's in-doubt transactions (of one batch, of runs up to ``up_to_run``):
         ids that parse as this sink's :class:`TransactionId`, never another sink's whose id
         merely starts like ours, never one of a later run (a newer driver's)."""
-        head = f"{self.prefix}." if batch is None else f"{self.prefix}.{batch}."
+        scope = (
+            RecoveryScope(self.prefix, self.purpose, None, self.run)
+            if batch is None
+            else RecoveryScope(self.prefix, "batch", batch, self.run)
+        )
         found = []
-        for prepared in self.sink.in_doubt(head):
+        for prepared in self.sink.in_doubt(scope):
             txn = TransactionId.parse(prepared.transaction_id, self.prefix)
             if txn is None or (batch is not None and txn.batch != batch):
                 continue

@@ -14,8 +14,9 @@ from pyspark.sql.types import StructType
 from epochal.ops import metrics
 from epochal.parts import registry, secrets
 from epochal.parts.job_context import JobContext
-from epochal.parts.records import PartRecord
+from epochal.parts.records import PartRecord, check_target
 from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
+from epochal_sdk.errors import RESTARTABLE_MARK
 
 log = logging.getLogger("epochal.spark")
 
@@ -89,11 +90,11 @@ class Part:
         return f"connector {self.connector!r} ({self.part_id})"
 
     def connector_context(
-        self, batch: int | None = None, task: SparkTask | None = None
+        self, batch: int | None = None, task: SparkTask | None = None, schema: Schema = ()
     ) -> ConnectorContext:
         """What a source or sink object of this part is told about where it runs: in a task
-        (``task``) its batch, partition and attempt; on the driver the ``batch`` a commit
-        works on (None while planning and recovering)."""
+        (``task``) its batch, partition, attempt and the ``schema`` a sink's task writes; on
+        the driver the ``batch`` a commit works on (None while planning and recovering)."""
         return ConnectorContext(
             job=self.context.job,
             part_id=self.part_id,
@@ -102,6 +103,7 @@ class Part:
             batch=task.batch if task is not None else batch,
             partition=task.partition if task is not None else None,
             attempt=task.attempt if task is not None else 0,
+            schema=schema,
             guarantee=self.guarantee,
             metrics=Metrics(),
         )
@@ -153,9 +155,25 @@ class Part:
             task_side=task_side,
         )
 
+    def target(self, kind: str) -> dict[str, str]:
+        """Where this part writes (``kind`` ``"sink"``) or reads (``"source"``), without
+        secrets (:func:`~epochal.parts.registry.target_of`; references resolved)."""
+        return registry.target_of(self.connector, kind, self.connector_options())
+
+    def check_target(self, kind: str) -> None:
+        """Refuse to run this part when the run's store records it (same part id) with
+        another target: its snapshot entries (commit decisions, in-doubt transactions,
+        stored batches) belong to that target (:func:`~epochal.parts.records.
+        check_target`). Called on the driver when a query plans the part, before the part
+        writes or recovers anything."""
+        if not self.context.job_dir:
+            return
+        check_target(self.context.store(self.connector), kind, self.part_id, self.target(kind))
+
     def record(self, kind: str, contract: str, reason: str = "") -> None:
-        """Note the part, its contract and its effective guarantee in the run's store, for
-        status, metrics and ``epochal in-doubt`` (:class:`~epochal.parts.records.PartRecord`)."""
+        """Note the part, its contract, its effective guarantee and its target in the run's
+        store, for status, metrics, ``epochal in-doubt`` and the target check of the next
+        run (:class:`~epochal.parts.records.PartRecord`)."""
         if not self.context.job_dir:
             return
         PartRecord(
@@ -166,6 +184,7 @@ class Part:
             contract,
             recordable_options(self.connector, self.options),
             reason,
+            self.target(kind),
         ).write(self.context.store(self.connector))
 
 
@@ -175,12 +194,24 @@ STEP_NOTE = "epochal step:"
 @contextlib.contextmanager
 def protocol_step(part: Part, batch: int | None, step: str) -> Iterator[None]:
     """Name the job, the part, the batch and the step on any error raised inside (as an
-    exception note, which survives the trip through Spark's JVM in the traceback text)."""
+    exception note, which survives the trip through Spark's JVM in the traceback text), and
+    mark an error of a class the part's connector declares restartable
+    (:attr:`~epochal_sdk.Connector.restartable_errors`) with
+    :data:`~epochal_sdk.errors.RESTARTABLE_MARK`, which the driver's classification of the
+    failure reads (:mod:`epochal.control.failures`)."""
     try:
         yield
     except BaseException as exc:
-        if not any(str(n).startswith(STEP_NOTE) for n in getattr(exc, "__notes__", ())):
+        notes = [str(n) for n in getattr(exc, "__notes__", ())]
+        if not any(n.startswith(STEP_NOTE) for n in notes):
             exc.add_note(
                 f"{STEP_NOTE} job {part.context.job!r}, {part.label}, batch {batch}, step {step}"
+            )
+        declared = registry.restartable_errors(part.connector) if isinstance(exc, Exception) else ()
+        if declared and isinstance(exc, declared) and not any(RESTARTABLE_MARK in n for n in notes):
+            exc.add_note(
+                f"{RESTARTABLE_MARK} {type(exc).__module__}.{type(exc).__qualname__} is "
+                f"restartable for connector {part.connector!r}: the job restarts from its "
+                "last snapshot"
             )
         raise

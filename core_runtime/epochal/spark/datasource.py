@@ -9,19 +9,24 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
+from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StructType
 
-from epochal.parts import registry
+from epochal.control.lease_keeper import DriverProcess
+from epochal.control.processes import RUN_TOKEN_ENV
+from epochal.parts import registry, secrets
 from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
+from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
 from epochal.spark.common import Part, sdk_schema
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
 from epochal.state import files
-from epochal_sdk import AcknowledgingSource, ReplayableSource, Sink, Source
+from epochal.state.run_records import RUN_DIR_ENV
+from epochal_sdk import AcknowledgingSource, GuaranteeError, ReplayableSource, Sink, Source
 from epochal_sdk.errors import STARTING_ENV
 
 if TYPE_CHECKING:
@@ -41,6 +46,7 @@ class EpochalDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.options = dict(options)
+        registry.check_runtime_options(self.options)  # before any epochal.* option is used
         self.context = JobContext.current(self.options)
 
     @classmethod
@@ -56,6 +62,7 @@ class EpochalDataSource(DataSource):
         )
 
     def schema(self) -> str:
+        registry.check_options(self.connector_name, "source", self.options)
         with _job_start_checks(self.context):
             source = self._part().build_source()
             try:
@@ -69,9 +76,12 @@ class EpochalDataSource(DataSource):
         self.context = self.context.holding_the_lease(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        registry.check_options(self.connector_name, "source", self.options)
+        _refuse_what_the_session_check_refused(self.context)
         self._streaming()
         part = self._part()
         with _job_start_checks(self.context):
+            part.check_target("source")
             source = part.build_source()
             try:
                 source.check()
@@ -93,6 +103,8 @@ class EpochalDataSource(DataSource):
         raise TypeError(f"{part.label}: {type(source).__name__} implements no source contract")
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        registry.check_options(self.connector_name, "sink", self.options)
+        _refuse_what_the_session_check_refused(self.context)
         self._streaming()
         part = self._part()
         fields = sdk_schema(schema)
@@ -111,6 +123,7 @@ class EpochalDataSource(DataSource):
                 )
                 if first_plan:
                     _trace(part, f"planning {part.label} (run {part.context.run})")
+                    part.check_target("sink")
                     sink.check(fields)
                     part.record("sink", contract.name, _reason(sink))
                     done = contract.start_run(part, sink)
@@ -205,9 +218,73 @@ def data_source_class(name: str) -> type[EpochalDataSource]:
 
 def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
     """Register every installed connector (or ``names``) on a session:
-    ``spark.readStream.format("epochal.<name>")`` and ``writeStream.format(...)`` then work."""
+    ``spark.readStream.format("epochal.<name>")`` and ``writeStream.format(...)`` then work.
+
+    In a plain session (not a driver of ``epochal run``) it also adds a query listener, once
+    per session, that checks every query with an epochal source or sink when it starts:
+    Spark's own parts of it against the job's guarantee, a warning for each one below it and,
+    under exactly-once, a refusal before the first batch
+    (:func:`~epochal.parts.spark_plan.check_session_query`). Formats Spark finds by itself
+    (``pyspark_epochal_*`` modules) work without ``register``, but then nothing checks
+    Spark's own parts of the query."""
     chosen = names or list(registry.connectors())
     for name in chosen:
         registry.connector(name)  # a clear error for an unknown name
         spark.dataSource.register(data_source_class(name))
+    _check_queries_of(spark)
     return [FORMAT_PREFIX + n for n in chosen]
+
+
+def _check_queries_of(spark: SparkSession) -> None:
+    """Add the session check (:class:`_SessionCheck`) to ``spark``, once. Not in a driver of
+    ``epochal run``, which judges its query before it starts it, nor in a Spark Connect
+    client, which has no JVM to read the query from."""
+    supervised = os.environ.get(RUN_TOKEN_ENV) and os.environ.get(RUN_DIR_ENV)
+    if supervised or getattr(spark, "_jvm", None) is None:
+        return
+    if getattr(spark, _SESSION_CHECK, None) is None:
+        listener = _SessionCheck(spark)
+        spark.streams.addListener(listener)
+        setattr(spark, _SESSION_CHECK, listener)
+
+
+_SESSION_CHECK = "_epochal_session_check"
+
+
+class _SessionCheck(StreamingQueryListener):
+    """Checks each query of a plain session when it starts, before Spark plans its sources and
+    sink (Spark calls ``onQueryStarted`` synchronously there)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.driver: DriverProcess | None = None
+
+    def onQueryStarted(self, event: Any) -> None:
+        try:
+            self.driver = self.driver or session_driver(self.spark)
+            check_session_query(self.spark, str(event.id), self.driver)
+        except Exception as exc:  # the check must not break the query; say what it missed
+            log.warning(
+                "epochal: query %s could not be checked, Spark's own sources and sinks of it "
+                "are not judged against the job's guarantee: %s: %s",
+                event.id,
+                type(exc).__name__,
+                secrets.mask(str(exc)),
+            )
+
+    def onQueryProgress(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def _refuse_what_the_session_check_refused(context: JobContext) -> None:
+    """Raise the session check's refusal of the query being planned (plain sessions only:
+    :func:`~epochal.parts.spark_plan.session_refusal`), before its job's lease is taken."""
+    refusal = session_refusal(context)
+    if refusal:
+        raise GuaranteeError(refusal)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +29,6 @@ from epochal_sdk import (
     Prepared,
     Schema,
     Sink,
-    TaskContext,
     TransactionalSink,
 )
 
@@ -52,23 +51,13 @@ class SinkCommitMessage(WriterCommitMessage):
     values: dict[str, float] = field(default_factory=dict)
 
 
-def _task(part: Part, schema: Schema) -> tuple[TaskContext, ConnectorContext]:
-    """The task's context as the sink sees it: its ``TaskContext`` and the context of the
-    sink object built for it (one metrics handle shared by both)."""
-    spark_task = SparkTask.current()
-    context = part.connector_context(task=spark_task)
-    task = TaskContext(
-        job=part.context.job,
-        sink_id=part.part_id,
-        batch_id=context.batch if context.batch is not None else 0,
-        partition=context.partition if context.partition is not None else 0,
-        attempt=context.attempt,
-        schema=schema,
-        run=part.context.run,
-        query_id=context.query_id,
-        metrics=context.metrics,
-    )
-    return task, context
+def _task(part: Part, schema: Schema) -> ConnectorContext:
+    """The context of a sink's task: the ``task`` its ``begin``/``open`` gets, and the context
+    of the sink object built for it (its batch, partition, attempt and schema)."""
+    context = part.connector_context(task=SparkTask.current(), schema=schema)
+    if context.batch is None or context.partition is None:  # outside a streaming query
+        context = replace(context, batch=context.batch or 0, partition=context.partition or 0)
+    return context
 
 
 def two_phase(part: Part, sink: TransactionalSink) -> TwoPhaseCommit:
@@ -130,18 +119,18 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        task, context = _task(self.part, self.schema)
-        with protocol_step(self.part, task.batch_id, f"task {task.partition} write+prepare"):
-            return self._write(task, context, iterator)
+        task = _task(self.part, self.schema)
+        with protocol_step(self.part, task.batch, f"task {task.partition} write+prepare"):
+            return self._write(task, iterator)
 
     def _write(
-        self, task: TaskContext, context: ConnectorContext, iterator: Iterator[pa.RecordBatch]
+        self, task: ConnectorContext, iterator: Iterator[pa.RecordBatch]
     ) -> SinkCommitMessage:
-        sink: TransactionalSink = self.part.build_sink(context)
+        sink: TransactionalSink = self.part.build_sink(task)
         timings: dict[str, float] = {}
         try:
             exactly_once = self.part.guarantee == Guarantee.EXACTLY_ONCE
-            if exactly_once and two_phase(self.part, sink).is_decided(task.batch_id):
+            if exactly_once and two_phase(self.part, sink).is_decided(task.batch):
                 for _ in iterator:  # replay of a decided batch: write nothing
                     pass
                 return SinkCommitMessage(skipped=True)
@@ -153,10 +142,10 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                         txn.write(batch)
                         records += batch.num_rows
                         size += batch.nbytes
-                    self.part.context.reach("sink.after_write", task.batch_id)
+                    self.part.context.reach("sink.after_write", task.batch)
                     if exactly_once:  # a task of a driver that lost the job prepares nothing
                         self.part.context.check_fence(
-                            f"batch {task.batch_id}: task {task.partition} preparing"
+                            f"batch {task.batch}: task {task.partition} preparing"
                         )
                     with metrics.timed(timings, "prepare"):
                         data = txn.prepare()
@@ -166,19 +155,19 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                 finally:
                     txn.close()
             prepared = Prepared(task.transaction_id, data)
-            self.part.context.reach("sink.after_prepare", task.batch_id)
+            self.part.context.reach("sink.after_prepare", task.batch)
             if not exactly_once:  # at-least-once: commit at once, no decision
                 with metrics.timed(timings, "commit"):
                     sink.commit(prepared)
                 metrics.add(timings, {"committed": 1})
                 return SinkCommitMessage(
-                    records=records, bytes=size, values=_task_values(context, timings)
+                    records=records, bytes=size, values=_task_values(task, timings)
                 )
             return SinkCommitMessage(
                 prepared=prepared,
                 records=records,
                 bytes=size,
-                values=_task_values(context, timings),
+                values=_task_values(task, timings),
             )
         finally:
             sink.close()
@@ -231,14 +220,14 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        task, context = _task(self.part, self.schema)
-        with protocol_step(self.part, task.batch_id, f"task {task.partition} upsert+flush"):
-            return self._write(task, context, iterator)
+        task = _task(self.part, self.schema)
+        with protocol_step(self.part, task.batch, f"task {task.partition} upsert+flush"):
+            return self._write(task, iterator)
 
     def _write(
-        self, task: TaskContext, context: ConnectorContext, iterator: Iterator[pa.RecordBatch]
+        self, task: ConnectorContext, iterator: Iterator[pa.RecordBatch]
     ) -> SinkCommitMessage:
-        sink: IdempotentSink = self.part.build_sink(context)
+        sink: IdempotentSink = self.part.build_sink(task)
         digest = keys.KeyDigest()
         key_columns = sink.key_columns()
         records = size = 0
@@ -252,19 +241,17 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
                         digest.add_batch(batch, key_columns)
                         records += batch.num_rows
                         size += batch.nbytes
-                    self.part.context.reach("sink.after_write", task.batch_id)
+                    self.part.context.reach("sink.after_write", task.batch)
                     with metrics.timed(timings, "flush"):
                         writer.flush()
                 finally:
                     writer.close()
-            self.part.context.reach("sink.after_flush", task.batch_id)
+            self.part.context.reach("sink.after_flush", task.batch)
             if self.part.context.job_dir and self.part.guarantee == Guarantee.EXACTLY_ONCE:
                 store = self.part.context.store(self.part.connector)
-                keys.check_and_record(
-                    store, self.part.part_id, task.batch_id, task.partition, digest
-                )
+                keys.check_and_record(store, self.part.part_id, task.batch, task.partition, digest)
             return SinkCommitMessage(
-                records=records, bytes=size, values=_task_values(context, timings)
+                records=records, bytes=size, values=_task_values(task, timings)
             )
         finally:
             sink.close()

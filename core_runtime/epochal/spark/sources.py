@@ -226,9 +226,9 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             max_messages = limit.max_rows
         begin = int(start["seq"])
-        self._settle(begin)
         started = time.perf_counter()
         with protocol_step(self.part, None, f"receive + store batch {begin + 1}"):
+            self._settle(begin)
             end = self.acks.next_batch(begin, max_messages, timeout)
         if end != begin:
             self._report({"plan_seconds": time.perf_counter() - started, "plan_seconds_count": 1})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -191,8 +192,8 @@ def _run(spark: Any, stop_if: Callable[[], bool], batches_per_start: tuple[int, 
 
     started = time.monotonic()
     checkpoint = tempfile.mkdtemp(prefix="epochal-warmup-")
+    upto = 0
     try:
-        upto = 0
         for batches in batches_per_start:
             upto += batches
             frame = spark.readStream.format(FORMAT).option("batches", str(upto)).load()
@@ -204,12 +205,25 @@ def _run(spark: Any, stop_if: Callable[[], bool], batches_per_start: tuple[int, 
                 .start()
             )
             while not query.awaitTermination(0.2):
-                if stop_if():
-                    query.stop()
+                if stop_if():  # a job waits: it starts now, the warm-up query stops meanwhile
+                    threading.Thread(
+                        target=_stop, args=(query, checkpoint), name="epochal-warmup-stop"
+                    ).start()
                     return time.monotonic() - started
-    finally:
+    except BaseException:
         shutil.rmtree(checkpoint, ignore_errors=True)
+        raise
+    shutil.rmtree(checkpoint, ignore_errors=True)
     return time.monotonic() - started
+
+
+def _stop(query: Any, checkpoint: str) -> None:
+    """Stop a warm-up query that a promotion cut short (stopping waits for its tasks to be
+    cancelled, up to a second, which the job's start need not wait for), then remove its
+    checkpoint."""
+    with contextlib.suppress(Exception):
+        query.stop()
+    shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def keep_warm(spark: Any, stop_if: Callable[[], bool]) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import random
 import shutil
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from epochal.config import JobConfig
+from epochal.config import JobConfig, check_snapshot_dir
 from epochal.control import processes
 from epochal.state import files
 from epochal.state.fence import Fence, read_lease
@@ -54,6 +55,8 @@ from epochal.state.store import (
     put_versioned_record,
 )
 from epochal_sdk import EpochalError, SnapshotError
+
+log = logging.getLogger("epochal.jobs")
 
 KEEP_RUNS = 30
 """How many runs the job record keeps in its history."""
@@ -158,6 +161,7 @@ class JobDirectory:
     """One job's directory: record, lease, state of the live epoch, logs."""
 
     def __init__(self, snapshot_dir: str, name: str) -> None:
+        check_snapshot_dir(snapshot_dir)
         try:
             self.layout = JobLayout(snapshot_dir, name)
         except ValueError as exc:
@@ -273,8 +277,16 @@ class JobDirectory:
 
     # -- lease ------------------------------------------------------------------------------
     def lease(self) -> Lease | None:
-        """The current lease (None when the job was never leased)."""
-        return read_lease(self.path)
+        """The current lease (None when the job was never leased). A lease record that
+        cannot be read is a ``SnapshotError`` that says what to do."""
+        try:
+            return read_lease(self.path)
+        except SnapshotError as exc:
+            raise SnapshotError(
+                f"{exc}. If no supervisor or driver runs job {self.name!r} (check the hosts "
+                f"that may), delete {self.path}/{LEASE_RECORD}: the next start of the job "
+                "takes the lease afresh, at an epoch past the job's state"
+            ) from None
 
     def lease_epoch(self) -> int:
         """The current lease epoch (0 when never leased)."""
@@ -625,13 +637,62 @@ class LeaseLostError(JobError):
     """This holder's lease was taken over by another one."""
 
 
-def list_jobs(snapshot_dir: str) -> list[JobRecord]:
-    """Every job found under ``snapshot_dir``."""
+@dataclass(frozen=True)
+class UnreadableJob:
+    """A job directory whose record cannot be read: what is wrong and what to do.
+
+    Attributes:
+        name: the directory's name (the job's).
+        path: the record that cannot be read.
+        problem: why (a torn or corrupt file, a permission, ...).
+        fix: what the operator can do.
+    """
+
+    name: str
+    path: str
+    problem: str
+    fix: str
+
+
+def scan_jobs(snapshot_dir: str) -> list[JobRecord | UnreadableJob]:
+    """Every job under ``snapshot_dir``: its record, or, when the record cannot be read
+    (torn, corrupt, unreadable), an :class:`UnreadableJob` saying so: no job is left out
+    without a word. Directories without a record (not jobs) are left out. Records come
+    first, oldest first."""
+    check_snapshot_dir(snapshot_dir)
     store = SnapshotStore(snapshot_dir)
-    records = []
+    records: list[JobRecord] = []
+    unreadable: list[JobRecord | UnreadableJob] = []
     for name in store.list_dirs():
         try:
-            records.append(JobDirectory(snapshot_dir, name).load())
-        except (JobError, ValueError, SnapshotError):
-            continue
-    return sorted(records, key=lambda r: r.created)
+            jobdir = JobDirectory(snapshot_dir, name)
+        except JobError:
+            continue  # not a job's name: not a job's directory
+        path = f"{jobdir.path}/{JOB_RECORD}"
+        try:
+            if not jobdir.exists():
+                continue
+            records.append(jobdir.load())
+        except (SnapshotError, OSError, ValueError, KeyError, TypeError) as exc:
+            unreadable.append(
+                UnreadableJob(
+                    name,
+                    path,
+                    str(exc),
+                    f"Restore {path} from a backup (the job's snapshots under {jobdir.path} "
+                    "are untouched), or, to drop the job, stop whatever runs it and delete "
+                    f"{jobdir.path}",
+                )
+            )
+    return [*sorted(records, key=lambda r: r.created), *unreadable]
+
+
+def list_jobs(snapshot_dir: str) -> list[JobRecord]:
+    """Every job under ``snapshot_dir`` whose record can be read (oldest first); each one
+    whose record cannot be read is logged as a warning with the path and what to do
+    (:func:`scan_jobs` returns them too)."""
+    found = scan_jobs(snapshot_dir)
+    for job in found:
+        if isinstance(job, UnreadableJob):
+            log.warning("job %r is unreadable: %s. %s", job.name, job.problem, job.fix)
+    return [job for job in found if isinstance(job, JobRecord)]

@@ -28,8 +28,12 @@ default chain) and two of epochal's own: ``EPOCHAL_S3_ENDPOINT`` (an endpoint fo
 epochal's snapshot directories only, before the AWS ones) and ``EPOCHAL_S3_PATH_STYLE``
 (``true``/``false``; default: path style when an endpoint is set, as S3-compatible stores
 want, virtual hosts on AWS). The driver turns the same settings into Spark's
-``spark.hadoop.fs.s3a.*`` settings and hands the ``AWS_*`` variables to the executors, which
-write key digests into the store (:func:`spark_conf`).
+``spark.hadoop.fs.s3a.*`` settings and hands the variables that hold no secret (region,
+endpoint, addressing style, the path of a credentials file, a profile's name) to the
+executors, which write key digests into the store (:func:`spark_conf`). Credentials never go
+into Spark's settings: executors on the driver's machine inherit its environment, and on a
+cluster each executor finds its own through the same default chain (an instance role, IRSA,
+a credentials file at ``AWS_SHARED_CREDENTIALS_FILE`` on every node): see docs/cluster.md.
 
 boto3 is an optional dependency: ``pip install 'epochal[s3]'``.
 """
@@ -51,17 +55,24 @@ SCHEMES = ("s3", "s3a")
 ENDPOINT_ENV = "EPOCHAL_S3_ENDPOINT"
 PATH_STYLE_ENV = "EPOCHAL_S3_PATH_STYLE"
 FORWARDED_ENV = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_PROFILE",
     ENDPOINT_ENV,
     PATH_STYLE_ENV,
 )
-"""Variables the driver hands on to the executors (only those that are set)."""
+"""Variables the driver hands on to the executors (only those that are set): none holds a
+secret. ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_SESSION_TOKEN`` are never
+forwarded (:data:`NOT_FORWARDED`)."""
+NOT_FORWARDED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""Credentials: a Spark setting would show them on the driver JVM's command line (PySpark
+passes every setting as ``--conf``) and in Spark's configuration. Executors on this machine
+inherit them with the driver's environment; on a cluster each executor's own default chain
+finds its credentials (instance role, IRSA, ``AWS_SHARED_CREDENTIALS_FILE``)."""
 EPOCHS_SEGMENT = "epochs"
 SHARED_STATE = "state"
 """On an object store every lease epoch's state lives at ``<job>/state``: see
@@ -183,9 +194,10 @@ def spark_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Spark settings that let the driver's checkpoint and the executors reach the object
     store as epochal does: the S3A endpoint, region and addressing style (credentials: S3A's
     default chain reads the same ``AWS_*`` variables, instance roles and profiles), and the
-    ``AWS_*``/``EPOCHAL_S3_*`` variables that are set, for the executors' Python workers
-    (they write key digests into the snapshot store). Empty when the environment names no
-    object store settings at all."""
+    :data:`FORWARDED_ENV` variables that are set, for the executors' Python workers (they
+    write key digests into the snapshot store). No credential is among them
+    (:data:`NOT_FORWARDED`). Empty when the environment names no object store settings at
+    all. Called by the driver when it builds its session."""
     env = os.environ if env is None else env
     settings = S3Settings.from_env(env)
     forwarded = {name: env[name] for name in FORWARDED_ENV if env.get(name)}

@@ -15,7 +15,8 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from epochal_sdk import AcknowledgingSource, Connector, Message, Options, hookimpl
+from epochal_sdk import AcknowledgingSource, Connector, Message, Options
+from epochal_sdk.hookspecs import hookimpl
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS messages (queue TEXT NOT NULL, id TEXT NOT NULL, body TEXT,"

@@ -1,11 +1,12 @@
 """The pytest plugin of the conformance kit (loaded through the ``pytest11`` entry point).
 
 It parametrizes :class:`~epochal.testing.suite.ConformanceSuite` subclasses with their
-scenarios, marks them ``conformance`` and ``spark``, keeps warm drivers for them
-(``epochal_driver_pool``), prints a one-line summary per scenario with ``-v`` (faults fired,
-runs, restarts, lost, duplicated), and at the end of the session a coverage table: every
-crash point of every connector under test, per guarantee, sink mode and kind of kill, with
-whether it passed.
+scenarios (marked ``conformance`` and ``spark``) and their contract checks (marked
+``conformance``: no Spark), keeps warm drivers for the scenarios (``epochal_driver_pool``),
+prints a one-line summary per scenario with ``-v`` (faults fired, runs, restarts, lost,
+duplicated), and at the end of the session a coverage table (every crash point of every
+connector under test, per guarantee, sink mode and kind of kill, with whether it passed) and
+the contract checks that ran.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from epochal.control.launcher import DriverPool, use_pool
-from epochal.testing.points import EXPECTED, coverage_rows
+from epochal.testing.points import CONTRACT_RESULTS, EXPECTED, coverage_rows
 from epochal.testing.suite import ConformanceSuite
 
 POOL_ENV = "EPOCHAL_KIT_POOL"
@@ -30,20 +31,25 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
-    if "conformance_case" not in metafunc.fixturenames:
-        return
     cls = metafunc.cls
     if cls is None or not issubclass(cls, ConformanceSuite):
         return
-    cases = cls.cases()
-    metafunc.parametrize("conformance_case", cases, ids=[c.id for c in cases])
+    if "conformance_case" in metafunc.fixturenames:
+        cases = cls.cases()
+        metafunc.parametrize("conformance_case", cases, ids=[c.id for c in cases])
+    if "contract_case" in metafunc.fixturenames:
+        checks = cls.contract_cases()
+        metafunc.parametrize("contract_case", checks, ids=[c.id for c in checks])
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     for item in items:
-        if "conformance_case" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "conformance_case" in names:
             item.add_marker(pytest.mark.conformance)
             item.add_marker(pytest.mark.spark)
+        elif "contract_case" in names:
+            item.add_marker(pytest.mark.conformance)
 
 
 def pytest_collection_finish(session: Any) -> None:
@@ -92,7 +98,16 @@ def pytest_sessionstart(session: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not EXPECTED or terminalreporter.config.option.collectonly:
+    if terminalreporter.config.option.collectonly:
+        return
+    if CONTRACT_RESULTS:
+        terminalreporter.section("epochal contract checks")
+        _table(
+            terminalreporter.write_line,
+            ("connector", "check", "mode", "result"),
+            sorted((r.connector, r.check, r.mode, state) for r, state in CONTRACT_RESULTS.items()),
+        )
+    if not EXPECTED:
         return
     write = terminalreporter.write_line
     terminalreporter.section("epochal conformance coverage")
@@ -108,3 +123,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{states.count('passed')} of {len(states)} covered and passed; "
         f"{states.count('FAILED')} failed; {states.count('not run')} not run"
     )
+
+
+def _table(write: Any, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
+    for line in [header, *rows]:
+        write("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))

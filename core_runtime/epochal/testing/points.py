@@ -18,11 +18,16 @@ SOURCE_POINTS = {
     ("replayable", Guarantee.EXACTLY_ONCE): _REPLAYABLE_POINTS,
     ("replayable", Guarantee.AT_LEAST_ONCE): _REPLAYABLE_POINTS,
     ("acknowledging", Guarantee.EXACTLY_ONCE): (
+        "ack_source.after_receive",
         "ack_source.after_store",
         "ack_source.before_ack",
         "ack_source.after_ack",
     ),
-    ("acknowledging", Guarantee.AT_LEAST_ONCE): ("ack_source.before_ack", "ack_source.after_ack"),
+    ("acknowledging", Guarantee.AT_LEAST_ONCE): (
+        "ack_source.after_receive",
+        "ack_source.before_ack",
+        "ack_source.after_ack",
+    ),
 }
 SINK_POINTS = {
     ("transactional", Guarantee.EXACTLY_ONCE): (
@@ -65,6 +70,19 @@ class CoverageRow:
     mode: str
     kill: str
 
+
+@dataclass(frozen=True)
+class ContractRow:
+    """One contract check of one connector in one sink mode."""
+
+    connector: str
+    check: str
+    mode: str
+
+
+CONTRACT_RESULTS: dict[ContractRow, str] = {}
+"""Every contract check the session ran, with its state: ``passed in <s>`` or ``FAILED``
+(filled in by the kit; printed by the plugin at the end of the session)."""
 
 EXPECTED: dict[CoverageRow, str] = {}
 """Every row the collected scenarios should cover, with its state: ``not run``, ``passed``

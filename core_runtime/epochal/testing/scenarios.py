@@ -123,6 +123,7 @@ def run_case(
     source.produce(ids)
     spec = {
         "source": source.connector,
+        "source_format": source.format,
         "source_options": {**source.options(), "maxRecordsPerBatch": str(per_batch)},
         "sink": sink.connector,
         "sink_options": sink.options(scenario.mode),

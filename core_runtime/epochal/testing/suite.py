@@ -37,25 +37,38 @@ crash point:
 Scenarios run on ``local[2,4]`` (failed tasks are retried); executor JVM kills on
 ``local-cluster[2,1,1024]``. At the end of the session the plugin prints a coverage table
 (connector, point, guarantee, mode, kill → passed), so a crash point cannot drop out unseen.
+
+Before the scenarios, each suite runs the *contract checks* of its contracts
+(:mod:`epochal.testing.contract_checks`, ``test_contract[<check>]``): no Spark, the
+connector's objects driven through the runtime's protocol classes with crashes played by
+processes that die, milliseconds to seconds each. They catch most of the bugs of the kit's
+catalogue (:mod:`epochal.testing.catalogue`) before a Spark job starts.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import pytest
 
 from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
 from epochal.control.launcher import DriverPool
 from epochal.state.jobs import JobStatus
+from epochal.testing.contract_checks import ContractCheck, Subject, checks_of, sql_record_ids
 from epochal.testing.points import (
+    CONTRACT_RESULTS,
     EXPECTED,
     JOB_POINT,
     SINK_POINTS,
     SOURCE_POINTS,
+    ContractRow,
     coverage_rows,
 )
-from epochal.testing.scenarios import CLUSTER, Scenario, run_case
+from epochal.testing.scenarios import CLUSTER, Outcome, Scenario, run_case
 from epochal_sdk import Guarantee
 
 
@@ -72,6 +85,9 @@ class SourceUnderTest(ABC):
 
     connector: ClassVar[str]
     id_expr: ClassVar[str]
+    format: ClassVar[str] = ""
+    """The format the kit reads the source with: empty for ``epochal.<connector>``; a source
+    that is not an epochal connector (Spark's own Kafka source: ``"kafka"``) gives its own."""
 
     @abstractmethod
     def options(self) -> dict[str, str]:
@@ -86,6 +102,12 @@ class SourceUnderTest(ABC):
         """What the source system still holds that the job should have settled (e.g.
         unacknowledged messages); must be empty at the end."""
         return []
+
+    def record_ids(self, rows: list[dict[str, Any]]) -> list[int]:
+        """The record ID of each row (a dict by column name, as the source gave it), for the
+        contract checks, which read without Spark: ``id_expr`` evaluated by SQLite. Override
+        it only when SQLite cannot evaluate ``id_expr`` (the checks then say so)."""
+        return sql_record_ids(self.id_expr, rows)
 
 
 class SinkUnderTest(ABC):
@@ -113,6 +135,25 @@ class SinkUnderTest(ABC):
         return []
 
 
+@dataclass(frozen=True)
+class ContractCase:
+    """One contract check of a suite, in one sink mode (the first one for source checks)."""
+
+    check: ContractCheck
+    mode: str
+
+    @property
+    def side(self) -> str:
+        """``source`` or ``sink``: the side the check drives."""
+        return "source" if self.check.contract in ("replayable", "acknowledging") else "sink"
+
+    @property
+    def id(self) -> str:
+        """The test id: the check's name (transactional and idempotent checks name their
+        mode)."""
+        return self.check.name
+
+
 class ConformanceSuite:
     """Subclass in a connector's tests; set the class attributes and provide the fixtures
     ``epochal_source`` and/or ``epochal_sink``. Use the map connector for the side you do not
@@ -136,6 +177,8 @@ class ConformanceSuite:
         real_failures: also run the real-failures scenarios, exactly-once: supervised
             (supervisor killed, zombie driver, random kills) and in a plain session under an
             outside restarter (driver killed, zombie driver, random kills).
+        contract_checks: also run the contract checks of the contracts under test (no
+            Spark; see :mod:`epochal.testing.contract_checks`).
     """
 
     source_contract: ClassVar[str] = "replayable"
@@ -148,6 +191,7 @@ class ConformanceSuite:
     whole_driver_kills: ClassVar[bool] = False
     executor_kills: ClassVar[bool] = False
     real_failures: ClassVar[bool] = True
+    contract_checks: ClassVar[bool] = True
     source_connector: ClassVar[str] = ""
     sink_connector: ClassVar[str] = ""
     """Names for the coverage table (default: from the fixtures when the test runs; set
@@ -235,6 +279,35 @@ class ConformanceSuite:
         return out
 
     @classmethod
+    def contract_cases(cls) -> list[ContractCase]:
+        """The contract checks of this suite: the source's contract, then each sink mode's."""
+        if not cls.contract_checks:
+            return []
+        out: list[ContractCase] = []
+        if cls.scope in ("all", "source"):
+            out += [ContractCase(c, cls.modes()[0]) for c in checks_of(cls.source_contract)]
+        if cls.scope in ("all", "sink"):
+            for mode in cls.modes():
+                out += [ContractCase(c, mode) for c in checks_of(mode)]
+        return out
+
+    @classmethod
+    def contract_subject(
+        cls, case: ContractCase, under: SourceUnderTest | SinkUnderTest, workdir: str
+    ) -> Subject:
+        """What ``case`` drives: the side under test, in a fresh directory."""
+        source = under if case.side == "source" else None
+        sink = under if case.side == "sink" else None
+        return Subject(
+            source=source,  # type: ignore[arg-type]
+            sink=sink,  # type: ignore[arg-type]
+            mode=case.mode,
+            workdir=workdir,
+            per_batch=max(4, min(cls.records_per_batch, 20)),
+            exactly_once=Guarantee.EXACTLY_ONCE in cls.guarantees,
+        )
+
+    @classmethod
     def pause_point(cls) -> str:
         """Where the zombie of the real-failures scenario is paused: the most dangerous step
         of the contracts under test (before a commit decision, before an acknowledgement)."""
@@ -245,6 +318,24 @@ class ConformanceSuite:
         if cls.scope in ("all", "source"):
             return "source.after_plan"
         return "sink.after_commit"
+
+    def test_contract(self, contract_case: ContractCase, tmp_path: Any, request: Any) -> None:
+        """Run one contract check against the side under test (its fixture): no Spark; a
+        :class:`~epochal.testing.contract_checks.ContractViolationError` says what broke."""
+        case = contract_case
+        under = request.getfixturevalue(f"epochal_{case.side}")
+        if getattr(under, "format", ""):
+            pytest.skip(
+                f"the source is read as format({under.format!r}), not an epochal connector: "
+                "the contract checks drive an epochal connector's own objects"
+            )
+        row = ContractRow(
+            under.connector, case.check.name, case.mode if case.side == "sink" else ""
+        )
+        CONTRACT_RESULTS[row] = "FAILED"
+        started = time.perf_counter()
+        case.check.run(type(self).contract_subject(case, under, str(tmp_path)))
+        CONTRACT_RESULTS[row] = f"passed in {time.perf_counter() - started:.1f} s"
 
     def test_crash_and_recover(
         self,
@@ -271,19 +362,33 @@ class ConformanceSuite:
             pool=epochal_driver_pool,
         )
         request.node.user_properties.append(("epochal", outcome.summary()))
-        assert outcome.record.status == JobStatus.COMPLETED, outcome.record.failure
-        assert outcome.fired == [f.label for f in scenario.faults], (
-            f"not every fault fired: {outcome}"
-        )
-        assert not outcome.lost, f"lost records: {outcome}"
-        if scenario.guarantee == Guarantee.EXACTLY_ONCE:
-            assert not outcome.duplicated, f"duplicates under exactly-once: {outcome}"
-        leftovers = epochal_sink.in_doubt()
-        assert not leftovers, f"in-doubt transactions left behind: {leftovers}"
-        unsettled = epochal_source.unsettled()
-        assert not unsettled, f"the source was left unsettled: {unsettled}"
+        problem = scenario_problem(scenario, outcome, epochal_source, epochal_sink)
+        assert problem is None, problem
         for row in rows:
             EXPECTED[row] = "passed"
+
+
+def scenario_problem(
+    scenario: Scenario, outcome: Outcome, source: SourceUnderTest, sink: SinkUnderTest
+) -> str | None:
+    """What went wrong in a scenario's run (None when nothing did): the job failed, a fault
+    did not fire, records were lost (or duplicated under exactly-once), transactions were
+    left in doubt or the source unsettled."""
+    if outcome.record.status != JobStatus.COMPLETED:
+        return f"the job did not complete: {outcome.record.failure}"
+    if outcome.fired != [f.label for f in scenario.faults]:
+        return f"not every fault fired: {outcome}"
+    if outcome.lost:
+        return f"lost records: {outcome}"
+    if scenario.guarantee == Guarantee.EXACTLY_ONCE and outcome.duplicated:
+        return f"duplicates under exactly-once: {outcome}"
+    leftovers = sink.in_doubt()
+    if leftovers:
+        return f"in-doubt transactions left behind: {leftovers}"
+    unsettled = source.unsettled()
+    if unsettled:
+        return f"the source was left unsettled: {unsettled}"
+    return None
 
 
 def _in_place(point: str) -> Fault:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from epochal_sdk import Prepared, TaskContext, TransactionalSink
+from epochal_sdk import ConnectorContext, Prepared, TransactionalSink
 
 
-def prepare_transaction(sink: TransactionalSink, task: TaskContext, records: Any) -> Prepared:
+def prepare_transaction(sink: TransactionalSink, task: ConnectorContext, records: Any) -> Prepared:
     """Write ``records`` (an Arrow record batch) in ``task``'s transaction of ``sink`` and
     prepare it, leaving it undecided: what the runtime finds after a crash between a task's
     prepare and the driver's decision."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from epochal_map.connector import MapConnector
 from epochal_map.sink import MapSink
-from epochal_sdk import Guarantee, hookimpl
+from epochal_sdk import Guarantee
+from epochal_sdk.hookspecs import hookimpl
 
 
 class WeakMapSink(MapSink):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from epochal_sdk import Connector, hookimpl
+from epochal_sdk import Connector
+from epochal_sdk.hookspecs import hookimpl
 
 
 class DupB(Connector):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from epochal_sdk import AcknowledgingSource, Connector, hookimpl
+from epochal_sdk import AcknowledgingSource, Connector
+from epochal_sdk.hookspecs import hookimpl
 
 
 class ExtraSource(AcknowledgingSource):

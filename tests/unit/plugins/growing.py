@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 
-from epochal_sdk import Connector, Offsets, ReplayableSource, Split, hookimpl
+from epochal_sdk import Connector, Offsets, ReplayableSource, Split
+from epochal_sdk.hookspecs import hookimpl
 
 
 class GrowingSource(ReplayableSource):

@@ -1,0 +1,284 @@
+"""What every contract check shares: the subject under test, its parts built as the runtime
+builds them, types and ids, and the reports of a violation."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from epochal.parts import registry, secrets
+from epochal.spark.common import user_options
+from epochal_sdk import (
+    ConnectorContext,
+    Field,
+    Options,
+)
+from epochal_sdk.schema import parse_ddl
+
+if TYPE_CHECKING:
+    from epochal.testing.suite import SinkUnderTest, SourceUnderTest
+
+
+SINK_SCHEMA = (Field("key", "string"), Field("value", "string"))
+"""The columns the checks write, as the kit's pipelines do: the record ID as text in both."""
+SINK_ARROW = pa.schema([("key", pa.string()), ("value", pa.string())])
+RECEIVE_TIMEOUT = 0.5
+"""Seconds an acknowledging source's ``receive`` may wait for a first message."""
+DEADLINE = 60.0
+"""Seconds a check waits for records or messages that must arrive (it returns as soon as they
+did; only a broken connector waits this long)."""
+CHUNKS = 3
+"""A task's records reach a sink writer in this many Arrow batches."""
+
+
+class ContractViolationError(AssertionError):
+    """A connector broke its contract: what the check did, what it saw, what the contract
+    says."""
+
+
+@dataclass(frozen=True)
+class ContractCheck:
+    """One contract check.
+
+    Attributes:
+        name: its id (``ack-crash-before-store``); the test is ``test_contract[<name>]``.
+        contract: ``replayable``, ``acknowledging``, ``transactional`` or ``idempotent``.
+        does: what it does and what it expects, in one sentence (the docs' table).
+        run: the check; raises :class:`ContractViolationError` when the connector breaks the
+            contract.
+    """
+
+    name: str
+    contract: str
+    does: str
+    run: Callable[[Subject], None] = field(repr=False, compare=False)
+
+
+@dataclass
+class Subject:
+    """What a check drives: the source or the sink under test, in one sink mode, in a
+    directory of its own.
+
+    Attributes:
+        source: the source under test (source checks).
+        sink: the sink under test (sink checks).
+        mode: the sink mode (``transactional`` or ``idempotent``).
+        workdir: a fresh directory (the job's snapshot store lives there).
+        per_batch: records per planned batch of a replayable source.
+        exactly_once: whether duplicates count (the suite tests exactly-once and the part
+            declares it can keep it); else only losses do.
+    """
+
+    source: SourceUnderTest | None = None
+    sink: SinkUnderTest | None = None
+    mode: str = ""
+    workdir: str = "."
+    per_batch: int = 20
+    exactly_once: bool = True
+
+
+# -- parts, built as the runtime builds them ------------------------------------------------
+@dataclass(frozen=True)
+class Part:
+    """One source or sink of a check's job: its connector, options and ids."""
+
+    connector: str
+    options: dict[str, str]
+    job: str
+    part_id: str
+
+    @classmethod
+    def of(cls, connector: str, options: dict[str, str]) -> Part:
+        """A part of a new job (a job name of its own, the part id the runtime would give)."""
+        return cls(
+            connector,
+            dict(options),
+            f"contract-{uuid.uuid4().hex[:8]}",
+            registry.part_id(connector, options),
+        )
+
+    def context(
+        self,
+        *,
+        run: int = 1,
+        batch: int | None = None,
+        partition: int | None = None,
+        attempt: int = 0,
+        schema: tuple[Field, ...] = (),
+    ) -> ConnectorContext:
+        """The context of an object of this part (a task's when ``partition`` is given)."""
+        return ConnectorContext(
+            job=self.job,
+            part_id=self.part_id,
+            batch=batch,
+            partition=partition,
+            attempt=attempt,
+            schema=schema,
+            run=run,
+        )
+
+    def build(self, context: ConnectorContext, side: str) -> Any:
+        """A new source (``side="source"``) or sink object with ``context``, from the
+        options as a job hands them over (references resolved, the runtime's own left out)."""
+        options = Options(self.connector, secrets.resolved(user_options(self.options)), context)
+        connector = registry.connector(self.connector)
+        return connector.source(options) if side == "source" else connector.sink(options)
+
+
+# -- types and ids ----------------------------------------------------------------------------
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "boolean": pa.bool_(),
+    "tinyint": pa.int8(),
+    "byte": pa.int8(),
+    "smallint": pa.int16(),
+    "short": pa.int16(),
+    "int": pa.int32(),
+    "integer": pa.int32(),
+    "bigint": pa.int64(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "real": pa.float32(),
+    "double": pa.float64(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ltz": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+    "void": pa.null(),
+}
+
+
+def arrow_type(spark_type: str) -> pa.DataType:
+    """The Arrow type Spark gives a column of this Spark SQL type (as DDL writes it)."""
+    text = spark_type.strip()
+    low = text.lower()
+    if low.endswith(">"):
+        head, inner = text[: text.index("<")].strip().lower(), text[text.index("<") + 1 : -1]
+        if head == "array":
+            return pa.list_(arrow_type(inner))
+        if head == "map":
+            key, value = _split_top(inner, ",")
+            return pa.map_(arrow_type(key), arrow_type(value))
+        if head == "struct":
+            fields = []
+            for item in _split_top(inner, ","):
+                name, _, kind = item.partition(":")
+                fields.append(pa.field(name.strip().strip("`"), arrow_type(kind)))
+            return pa.struct(fields)
+    if low.startswith("decimal"):
+        digits = low[len("decimal") :].strip("() ")
+        precision, _, scale = digits.partition(",")
+        return pa.decimal128(int(precision or 10), int(scale or 0))
+    if low.startswith(("varchar(", "char(")):
+        return pa.string()
+    if low in _ARROW_TYPES:
+        return _ARROW_TYPES[low]
+    raise ValueError(
+        f"the contract checks cannot map the Spark type {spark_type!r} to Arrow; use one of "
+        f"{', '.join(_ARROW_TYPES)}, decimal, array, map or struct in the source's schema"
+    )
+
+
+def arrow_schema(ddl: str) -> pa.Schema:
+    """A source's schema (a Spark DDL string) as Spark hands it to Arrow."""
+    return pa.schema([pa.field(f.name, arrow_type(f.type), f.nullable) for f in parse_ddl(ddl)])
+
+
+def _split_top(text: str, separator: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "<(":
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+        elif char == separator and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def sql_record_ids(id_expr: str, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """The record ID of each row: ``id_expr`` (a Spark SQL expression such as
+    ``CAST(key AS BIGINT)``) evaluated by SQLite over the rows' columns. Casts, arithmetic and
+    string functions SQLite shares with Spark work; for anything else, override
+    :meth:`~epochal.testing.SourceUnderTest.record_ids`."""
+    if not rows:
+        return []
+    names = list(rows[0])
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute(f"CREATE TABLE t ({', '.join(_quoted(n) for n in names)})")
+        db.executemany(
+            f"INSERT INTO t VALUES ({', '.join('?' for _ in names)})",
+            [tuple(_sql_value(row.get(n)) for n in names) for row in rows],
+        )
+        try:
+            values = [v for (v,) in db.execute(f"SELECT ({id_expr}) FROM t ORDER BY rowid")]
+        except sqlite3.Error as exc:
+            raise ValueError(
+                f"id_expr {id_expr!r} cannot be evaluated outside Spark ({exc}); override "
+                "SourceUnderTest.record_ids(rows) to give each row's record ID"
+            ) from None
+    finally:
+        db.close()
+    out = []
+    for row, value in zip(rows, values, strict=True):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(
+                f"id_expr {id_expr!r} gives {value!r} for the row {row!r}, not an integer "
+                "record ID; override SourceUnderTest.record_ids(rows)"
+            )
+        out.append(value)
+    return out
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_value(value: Any) -> Any:
+    if value is None or isinstance(value, str | bytes | float):
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=str, sort_keys=True)
+    return str(value)
+
+
+def as_dicts(rows: Iterable[Any], columns: Sequence[str]) -> list[dict[str, Any]]:
+    """What a source yields (tuples in column order, dicts, Arrow record batches) as dicts."""
+    out: list[dict[str, Any]] = []
+    for item in rows:
+        if isinstance(item, pa.RecordBatch | pa.Table):
+            out += item.to_pylist()
+        elif isinstance(item, dict):
+            out.append({c: item.get(c) for c in columns})
+        else:
+            out.append(dict(zip(columns, item, strict=True)))
+    return out
+
+
+def _violation(check: str, message: str) -> ContractViolationError:
+    return ContractViolationError(f"[{check}] {message}")
+
+
+def _first(items: Iterable[Any], n: int = 10) -> list[Any]:
+    return sorted(items)[:n]
+
+
+def _until(deadline: float) -> bool:
+    return time.monotonic() < deadline

@@ -1,0 +1,511 @@
+"""The fast path beside what PySpark users write today, in one run: Spark's own JVM Kafka
+source (records never pass through a Python worker on the way in) into epochal's exactly-once
+sinks, against Spark's Kafka source into the at-least-once writes people use now.
+
+    python -m integration.bench.fastpath_bench [--rounds 8] [--batches 8] [--batch 100000]
+        [--plot fastpath-bench.png] [--json fastpath.json]
+
+One input topic (2 partitions, ``batches`` times ``batch`` records of 100 B, key = the record
+number), read by Spark's Kafka source (``format("kafka")``, ``read_committed``,
+``maxOffsetsPerTrigger`` = ``batch``), and five ways to write it:
+
+* Kafka → Kafka
+    * ``fast path → epochal Kafka (EO)``: epochal's Kafka sink, ``mode=transactional``, in an
+      exactly-once job;
+    * ``fast path, keyed → epochal Kafka (EO)``: the same after ``repartition("key")``, the
+      form that stays exactly-once across a driver crash in the middle of a batch
+      (docs/guarantees.md: Spark's Kafka source does not give a replayed batch's records to
+      the same Spark partitions);
+    * ``Spark Kafka → Spark Kafka (ALO)``: Spark's own Kafka sink (at-least-once);
+* Kafka → PostgreSQL (columns ``id``, ``value``)
+    * ``fast path → epochal JDBC 2PC (EO)``: epochal's JDBC sink, ``mode=transactional``, in an
+      exactly-once job;
+    * ``foreachBatch psycopg COPY (ALO)``: a ``foreachBatch`` function that collects the batch
+      to the driver as Arrow (``toArrow()``), writes it as CSV with one psycopg ``COPY`` and
+      commits (one connection per query): at-least-once, and the fastest plain form we know
+      (``toPandas()`` + ``executemany`` and row-by-row ``foreachPartition`` are slower).
+* the floor: ``Python data source sink, writes nothing``: a PySpark Python data source whose
+  Arrow writer drops the batches (no epochal, no I/O): what PySpark's Python sink path itself
+  costs a batch (the records sent to a Python worker, the write planned again, the commit
+  run in a new Python worker on the driver), under any sink written in Python.
+
+Each round runs every way once, in an order rotated from round to round, after a warm-up
+round over the same input that is not measured (Spark's own sink speeds up over its first
+queries: the JIT); each is a fresh query (new checkpoint, new epochal job, new output topic or
+table) with ``Trigger.AvailableNow``. A way's figure in a round is its throughput over the
+measured batches (the first, which pays the query's start, and the last are left out):
+records per batch / the median of Spark's ``triggerExecution`` per batch. Ratios are taken
+within each round; the table prints each figure's min, median and max over the rounds (and
+the ratios' interquartile range and a bootstrap 95% interval of the median). Where the time
+goes: Spark's ``durationMs`` per phase (mean per measured batch) and, for epochal's sinks, the
+split of ``addBatch`` that the runtime's metrics record (the write tasks, the decision, phase
+2), for ``foreachBatch`` its collect and its ``COPY``. Every output is read back (a
+``read_committed`` consumer, a ``count(*)``/``count(DISTINCT id)``) and must hold every
+record once. Kafka and PostgreSQL come from the harness (or ``EPOCHAL_KAFKA_BOOTSTRAP`` /
+``EPOCHAL_POSTGRES_DSN``); Spark's Kafka connector from the harness cache
+(:func:`integration.bench.kafka_bench.spark_kafka_jars`). The plot needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from integration.bench.common import (
+    bench_session,
+    epochal_options,
+    machine,
+    quantile,
+    rotated,
+    spread,
+    write_plot,
+)
+from integration.bench.kafka_bench import (
+    PARTITIONS,
+    VALUE_BYTES,
+    Bench,
+    count_output,
+    produce_input,
+    spark_kafka_jars,
+)
+
+EO_KAFKA = "fast path → epochal Kafka (EO)"
+EO_KAFKA_KEYED = "fast path, keyed → epochal Kafka (EO)"
+SPARK_KAFKA = "Spark Kafka → Spark Kafka (ALO)"
+EO_JDBC = "fast path → epochal JDBC 2PC (EO)"
+FOREACH_JDBC = "foreachBatch psycopg COPY (ALO)"
+FLOOR = "Python data source sink, writes nothing"
+WAYS = (EO_KAFKA, EO_KAFKA_KEYED, SPARK_KAFKA, EO_JDBC, FOREACH_JDBC, FLOOR)
+RATIOS = {
+    f"{EO_KAFKA} / {SPARK_KAFKA}": (EO_KAFKA, SPARK_KAFKA),
+    f"{EO_JDBC} / {FOREACH_JDBC}": (EO_JDBC, FOREACH_JDBC),
+    f"{EO_KAFKA_KEYED} / {SPARK_KAFKA}": (EO_KAFKA_KEYED, SPARK_KAFKA),
+    f"{FLOOR} / {SPARK_KAFKA}": (FLOOR, SPARK_KAFKA),
+    f"{FLOOR} / {FOREACH_JDBC}": (FLOOR, FOREACH_JDBC),
+}
+TARGETS = {f"{EO_KAFKA} / {SPARK_KAFKA}": 0.9, f"{EO_JDBC} / {FOREACH_JDBC}": 1.0}
+"""Issue 25's targets: exactly-once through the fast path >= 0.9x Spark's own at-least-once
+pair for Kafka → Kafka, >= 1.0x the ``foreachBatch`` write for Kafka → PostgreSQL."""
+
+
+@dataclass
+class Run:
+    """One way in one round: per batch its latency, rows and Spark's phases."""
+
+    way: str
+    round: int
+    batch_ms: list[float]
+    batch_rows: list[int]
+    phases: dict[str, float] = field(default_factory=dict)
+    """Mean ms per measured batch of Spark's ``durationMs`` phases."""
+    split: dict[str, float] = field(default_factory=dict)
+    """Mean ms per measured batch inside ``addBatch`` (epochal's metrics, or foreachBatch's
+    own timers)."""
+    complete: bool = False
+    """The output held every record exactly once."""
+
+    def _measured(self) -> slice:
+        return slice(1, -1) if len(self.batch_ms) >= 3 else slice(0, None)
+
+    @property
+    def measured_ms(self) -> list[float]:
+        """Latencies of the measured batches (all but the first and the last)."""
+        return self.batch_ms[self._measured()]
+
+    @property
+    def steady(self) -> float:
+        """Records per measured batch / their median latency (records/s)."""
+        rows, ms = self.batch_rows[self._measured()], self.measured_ms
+        return statistics.mean(rows) / (statistics.median(ms) / 1000) if ms else 0.0
+
+
+class FastPath:
+    """The ways on one broker, one PostgreSQL server and one SparkSession (``local[2]``, with
+    Spark's Kafka connector and epochal's ``kafka`` and ``jdbc`` connectors)."""
+
+    def __init__(self, kafka: Bench, dsn: str, jars: list[str]) -> None:
+        self.kafka, self.dsn = kafka, dsn
+        self.workdir = kafka.workdir
+        self.spark = bench_session(
+            "epochal-fastpath-bench",
+            ["kafka", "jdbc"],
+            **{"spark.jars": ",".join(jars), "spark.sql.streaming.metricsEnabled": "false"},
+        )
+        self.spark.dataSource.register(Discard)
+
+    def reader(self, source: str, limit: int) -> Any:
+        """Spark's Kafka source over ``source``, at most ``limit`` records a batch."""
+        return (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.kafka.bootstrap)
+            .option("subscribe", source)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(limit))
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+        )
+
+    def run(self, way: str, turn: str, source: str, records: int, limit: int) -> Run:
+        """One query of ``way`` over ``source``; its output is counted, then dropped."""
+        job = f"fastpath-{WAYS.index(way)}-{turn}"
+        checkpoint = f"{self.workdir}/cp-{job}"
+        if way == FLOOR:  # nothing to read back: complete when it read every record
+            rows = self.reader(source, limit).select("key", "value")
+            run = self._measure(way, rows.writeStream.format(DISCARD), checkpoint)
+            run.complete = sum(run.batch_rows) == records
+            return run
+        if way in (EO_KAFKA, EO_KAFKA_KEYED, SPARK_KAFKA):
+            out = self.kafka.new_topic()
+            try:
+                run = self._to_kafka(way, job, source, out, limit, checkpoint)
+                run.complete = count_output(self.kafka.bootstrap, out) == records
+            finally:
+                self.kafka.drop_topic(out)
+        else:
+            table = f"fastpath_{uuid.uuid4().hex[:10]}"
+            try:
+                run = self._to_postgres(way, job, source, table, limit, checkpoint)
+                run.complete = self._holds_each_once(table, records)
+            finally:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}_commits"')
+        return run
+
+    def _to_kafka(
+        self, way: str, job: str, source: str, out: str, limit: int, checkpoint: str
+    ) -> Run:
+        rows = self.reader(source, limit).select("key", "value")
+        if way == EO_KAFKA_KEYED:
+            rows = rows.repartition("key")
+        writer = rows.writeStream.option("kafka.bootstrap.servers", self.kafka.bootstrap)
+        writer = writer.option("topic", out)
+        if way == SPARK_KAFKA:
+            return self._measure(way, writer.format("kafka"), checkpoint)
+        common = epochal_options(f"{self.workdir}/snap", "exactly-once", job)
+        writer = writer.format("epochal.kafka").option("mode", "transactional").options(**common)
+        run = self._measure(way, writer, checkpoint)
+        run.split = self._epochal_split(job, run)
+        return run
+
+    def _to_postgres(
+        self, way: str, job: str, source: str, table: str, limit: int, checkpoint: str
+    ) -> Run:
+        rows = self.reader(source, limit).selectExpr(
+            "CAST(key AS STRING) AS id", "CAST(value AS STRING) AS value"
+        )
+        if way == EO_JDBC:
+            common = epochal_options(f"{self.workdir}/snap", "exactly-once", job)
+            writer = (
+                rows.writeStream.format("epochal.jdbc")
+                .option("url", self.dsn)
+                .option("table", table)
+                .option("mode", "transactional")
+                .option("createTable", "true")
+                .options(**common)
+            )
+            run = self._measure(way, writer, checkpoint)
+            run.split = self._epochal_split(job, run)
+            return run
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE TABLE "{table}" (id text, value text)')
+        writer, timings, close = foreach_batch_copy(rows, self.dsn, table)
+        try:
+            run = self._measure(way, writer, checkpoint)
+        finally:
+            close()
+        measured = timings[1:-1] if len(timings) >= 3 else timings
+        run.split = {
+            name: statistics.mean(t[name] for t in measured) for name in ("collect", "copy")
+        }
+        run.split["rest"] = run.phases.get("addBatch", 0.0) - sum(run.split.values())
+        return run
+
+    def _measure(self, way: str, writer: Any, checkpoint: str) -> Run:
+        """Run the query to its end; its batches' latencies and Spark's phases."""
+        query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"{way}: {query.exception()}")
+        progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        run = Run(
+            way,
+            -1,
+            [float(p["durationMs"]["triggerExecution"]) for p in progress],
+            [int(p["numInputRows"]) for p in progress],
+        )
+        measured = progress[run._measured()]
+        names = sorted({k for p in measured for k in p["durationMs"]} - {"triggerExecution"})
+        run.phases = {
+            k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in measured) for k in names
+        }
+        return run
+
+    def _epochal_split(self, job: str, run: Run) -> dict[str, float]:
+        """Mean ms per measured batch of the epochal sink's phases, from the runtime's metrics:
+        ``write`` (a write task, mean over the tasks of the batch, which run side by side),
+        ``prepare`` (inside it), ``decide`` and ``commit`` (the driver's phase 2), and the
+        ``rest`` of ``addBatch`` (scheduling the tasks, PySpark's per-batch Python workers on
+        the driver: the write's planning and the commit's worker)."""
+        from epochal.ops.metrics import current_state
+        from epochal.state.layout import JobLayout
+
+        state = current_state(JobLayout(f"{self.workdir}/snap", job).path)
+        sinks = [p for p in state.get("parts", {}).values() if p.get("kind") == "sink"]
+        if not sinks:
+            return {}
+        batches = [b for b in sinks[0]["batches"] if b["batch"] is not None]
+        batches = batches[1:-1] if len(batches) >= 3 else batches
+        out: dict[str, float] = {}
+        for phase in ("write", "prepare", "decide", "commit"):
+            values = [
+                b["values"][f"{phase}_seconds"] / b["values"][f"{phase}_seconds_count"]
+                for b in batches
+                if b["values"].get(f"{phase}_seconds_count")
+            ]
+            if values:
+                out[phase] = 1000 * statistics.mean(values)
+        inside = sum(out.get(phase, 0.0) for phase in ("write", "decide", "commit"))
+        out["rest"] = run.phases.get("addBatch", 0.0) - inside
+        return out
+
+    def _holds_each_once(self, table: str, records: int) -> bool:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows, distinct = conn.execute(
+                f'SELECT count(*), count(DISTINCT id) FROM "{table}"'
+            ).fetchone()
+        return rows == distinct == records
+
+    def rounds(
+        self, count: int, source: str, records: int, limit: int, log: Callable[[str], None]
+    ) -> list[Run]:
+        """``count`` interleaved rounds of every way."""
+        runs = []
+        for number in range(count):
+            for way in rotated(list(WAYS), number):
+                run = self.run(way, f"r{number}", source, records, limit)
+                run.round = number
+                runs.append(run)
+                check = "" if run.complete else "  OUTPUT DOES NOT HOLD EVERY RECORD ONCE"
+                log(
+                    f"round {number + 1:>2}/{count} {way:40} {run.steady:>9.0f} rec/s, batch "
+                    f"p50 {statistics.median(run.measured_ms or [0]):>5.0f} ms{check}"
+                )
+        return runs
+
+
+DISCARD = "bench-discard"
+
+
+class DiscardWriter(DataSourceStreamArrowWriter):
+    """Takes each task's Arrow batches and drops them; commits nothing."""
+
+    def write(self, iterator: Any) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: Any, batchId: int) -> None:
+        pass
+
+    def abort(self, messages: Any, batchId: int) -> None:
+        pass
+
+
+class Discard(DataSource):
+    """A Python data source sink that writes nothing (the floor way)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return DISCARD
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DiscardWriter:
+        return DiscardWriter()
+
+
+def foreach_batch_copy(
+    rows: Any, dsn: str, table: str
+) -> tuple[Any, list[dict[str, float]], Callable[[], None]]:
+    """A ``foreachBatch`` writer of ``rows`` into ``table`` as a PySpark user writes it: the
+    batch collected to the driver as Arrow, written as CSV with one ``COPY``, committed (one
+    connection for the query). Returns the writer, the per-batch timings it fills (ms:
+    ``collect``, ``copy``) and what closes its connection."""
+    import pyarrow.csv as pacsv
+
+    conn = psycopg.connect(dsn)
+    timings: list[dict[str, float]] = []
+    statement = f'COPY "{table}" (id, value) FROM STDIN WITH (FORMAT csv)'
+
+    def write(batch: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        arrow = batch.toArrow()
+        collected = time.perf_counter()
+        buffer = io.BytesIO()
+        pacsv.write_csv(arrow, buffer, pacsv.WriteOptions(include_header=False))
+        with conn.cursor() as cursor, cursor.copy(statement) as copy:
+            copy.write(buffer.getvalue())
+        conn.commit()
+        done = time.perf_counter()
+        timings.append({"collect": 1000 * (collected - started), "copy": 1000 * (done - collected)})
+
+    return rows.writeStream.foreachBatch(write), timings, conn.close
+
+
+def report(runs: list[Run]) -> tuple[str, dict[str, list[float]], dict[str, list[float]]]:
+    """The table, and per way its throughput per round and its measured batch latencies."""
+    ways = [w for w in WAYS if any(r.way == w for r in runs)]
+    rates = {w: [r.steady for r in runs if r.way == w] for w in ways}
+    latencies = {w: [ms for r in runs if r.way == w for ms in r.measured_ms] for w in ways}
+    lines = [
+        f"{'way':40} {'rec/s min':>10} {'median':>9} {'max':>9} {'batch p50 ms':>13} "
+        f"{'p90':>6}  complete"
+    ]
+    for way in ways:
+        values, ms = rates[way], latencies[way]
+        complete = sum(r.complete for r in runs if r.way == way)
+        lines.append(
+            f"{way:40} {min(values):>10.0f} {statistics.median(values):>9.0f} "
+            f"{max(values):>9.0f} {quantile(ms, 0.5):>13.0f} {quantile(ms, 0.9):>6.0f}  "
+            f"{complete}/{len(values)}"
+        )
+    lines.append("ratios of throughput within each round: min, median, max (IQR, 95% CI):")
+    for label, values in ratio_values(runs).items():
+        goal = f" (target >= {TARGETS[label]})" if label in TARGETS else ""
+        met = ""
+        if label in TARGETS:
+            met = "  met" if statistics.median(values) >= TARGETS[label] else "  MISSED"
+        lines.append(
+            f"  {label + goal}\n      {min(values):.3f}  {statistics.median(values):.3f}  "
+            f"{max(values):.3f}   {spread(values)}{met}"
+        )
+    lines.append("where the time goes, mean ms per measured batch (Spark's durationMs):")
+    for way in ways:
+        mine = [r.phases for r in runs if r.way == way and r.phases]
+        names = sorted({k for p in mine for k in p})
+        means = {k: statistics.mean(p.get(k, 0.0) for p in mine) for k in names}
+        lines.append(f"  {way:40} " + ", ".join(f"{k} {v:.0f}" for k, v in means.items() if v >= 1))
+    lines.append("inside addBatch, mean ms per measured batch:")
+    for way in ways:
+        mine = [r.split for r in runs if r.way == way and r.split]
+        if mine:
+            names = sorted({k for s in mine for k in s}, key=_split_order)
+            shown = ", ".join(
+                f"{k} {statistics.mean(s.get(k, 0.0) for s in mine):.0f}" for k in names
+            )
+            lines.append(f"  {way:40} {shown}")
+    return "\n".join(lines), rates, latencies
+
+
+def _split_order(name: str) -> int:
+    order = ("collect", "copy", "write", "prepare", "decide", "commit", "rest")
+    return order.index(name) if name in order else len(order)
+
+
+def ratio_values(runs: list[Run]) -> dict[str, list[float]]:
+    """Per ratio, its value in each round (``top``'s throughput over ``bottom``'s)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        by_round.setdefault(run.round, {})[run.way] = run.steady
+    out = {}
+    for label, (top, bottom) in RATIOS.items():
+        values = [r[top] / r[bottom] for r in by_round.values() if r.get(bottom) and top in r]
+        if values:
+            out[label] = values
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table, write the plot (and the raw figures)."""
+    parser = argparse.ArgumentParser(prog="python -m integration.bench.fastpath_bench")
+    parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
+    parser.add_argument("--batches", type=int, default=8, help="batches per query and round")
+    parser.add_argument("--batch", type=int, default=100_000, help="records per batch")
+    parser.add_argument("--plot", default="fastpath-bench.png", help="PNG to write")
+    parser.add_argument("--json", default="", help="write every run's figures here")
+    args = parser.parse_args(argv)
+    if args.batches < 3:
+        parser.error("--batches must be at least 3 (a query's first and last are not measured)")
+    if args.rounds < 1 or args.batch < 1:
+        parser.error("--rounds and --batch must be at least 1")
+
+    from integration.harness.kafka import start_kafka
+    from integration.harness.postgres import start_postgres
+
+    jars = spark_kafka_jars()
+    kafka_server = start_kafka()
+    external_dsn = os.environ.get("EPOCHAL_POSTGRES_DSN")
+    postgres = None if external_dsn else start_postgres()
+    dsn = external_dsn or postgres.dsn  # type: ignore[union-attr]
+    workdir = tempfile.mkdtemp(prefix="epochal-fastpath-bench-")
+    records = args.batches * args.batch
+    kafka = Bench(kafka_server, "", records, args.batch, workdir, jars)
+    bench: FastPath | None = None
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+            fsync = conn.execute("SHOW fsync").fetchone()[0]
+        print(f"machine: {machine()}")
+        print(f"Kafka {kafka_server.version}; PostgreSQL {version} (fsync={fsync})")
+        source = kafka.new_topic()
+        started = time.perf_counter()
+        produce_input(kafka.bootstrap, source, records)
+        print(
+            f"input: {records} records of {VALUE_BYTES} B in {PARTITIONS} partitions "
+            f"({time.perf_counter() - started:.1f}s to produce); {args.batch} per batch, "
+            f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
+        )
+        bench = FastPath(kafka, dsn, jars)
+        for way in WAYS:  # a warm-up round over the same input, not measured (the JIT)
+            bench.run(way, "warm", source, records, args.batch)
+        runs = bench.rounds(
+            args.rounds, source, records, args.batch, lambda line: print(line, flush=True)
+        )
+        print(f"load at the end: {machine()}")
+        text, rates, latencies = report(runs)
+        print(text)
+        problem = write_plot(
+            args.plot,
+            f"Spark's Kafka source → epochal's exactly-once sinks and the at-least-once peers, "
+            f"{args.batch} records/batch, {args.rounds} rounds; {machine()}",
+            rates,
+            latencies,
+            ratios={k: v for k, v in ratio_values(runs).items() if k in TARGETS},
+            targets=TARGETS,
+        )
+        print(problem or f"plot: {args.plot}")
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(
+                    {"machine": machine(), "args": vars(args), "runs": [asdict(r) for r in runs]},
+                    indent=1,
+                )
+            )
+    finally:
+        if bench is not None:
+            bench.spark.stop()
+        for name in list(kafka.topics):
+            kafka.drop_topic(name)
+        kafka_server.backend.close()
+        if postgres is not None:
+            postgres.backend.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Spark's own sources and sinks count in a job's guarantee (issue 25), the mixes that need no
+server: a socket source, Spark's console sink, a ``foreachBatch`` function without and with
+the declaration that it is idempotent.
+
+Supervised jobs (``Job.submit``, warm drivers of the kit's pool): the driver reads the whole
+query before it starts it; a part below the job's guarantee refuses the job (FAILED, the
+message names the part and what to do, no restart, no batch), a part it allows is recorded
+with the guarantee it runs with, and the job's effective guarantee is the weakest. Plain
+sessions (``epochal.register(spark)``, one SparkSession for the module): a query with an
+epochal part is checked when it starts; under exactly-once it is refused before its first
+batch, below it a warning names the part. The Kafka mixes (Spark's Kafka sink, Spark's Kafka
+source into epochal's sinks) are in ``integration/kafka/test_spark_kafka_parts.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochal import Job, JobConfig, JobStatus
+from epochal.ops.metrics import render_prometheus
+from epochal.parts.records import read_parts
+from epochal.parts.spark_plan import (
+    IDEMPOTENT_FOREACH_BATCH,
+    session_driver,
+    session_verdict_path,
+)
+from epochal.state.layout import JobLayout
+from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
+from epochal_map import MapStore
+
+pytestmark = pytest.mark.spark
+
+PIPELINES = "spark_parts_pipelines"
+
+
+def _config(tmp_path: Path, **changes: object) -> JobConfig:
+    settings: dict[str, Any] = {
+        "snapshot_dir": str(tmp_path / "snapshots"),
+        "available_now": True,
+        "restart_backoff": 0.2,
+        "master": LOCAL,
+        "spark_conf": dict(TEST_SPARK_CONF),
+    }
+    settings.update(changes)
+    return JobConfig(**settings)
+
+
+def _output(path: str) -> dict[str, str]:
+    with MapStore(path) as store:
+        return store.entries("output")
+
+
+def _refused(name: str, pipeline: str, tmp_path: Path, map_path: str) -> str:
+    """Submit an exactly-once job that must be refused at submit; its failure text."""
+    record = Job.submit(name, f"{PIPELINES}:{pipeline}", _config(tmp_path)).join(300)
+    assert record.status == JobStatus.FAILED, record.failure
+    assert record.restarts == 0
+    assert record.failure is not None and "GuaranteeError" in record.failure
+    assert "the job asks for exactly-once. Refusing to start" in record.failure
+    assert "--allow-downgrade" in record.failure
+    assert record.progress == {}  # no batch ran
+    assert _output(map_path) == {}
+    return record.failure
+
+
+# --- supervised jobs: refused at submit ------------------------------------------------------
+
+
+def test_a_socket_source_is_refused_at_submit(tmp_path: Path, map_path: str) -> None:
+    failure = _refused("socket", "socket_to_map", tmp_path, map_path)
+    assert "source 'socket' (Spark's socket source (localhost:9)) can give at most none" in failure
+    assert "not replayable" in failure and "--guarantee none" in failure
+
+
+def test_sparks_console_sink_is_refused_at_submit(tmp_path: Path, map_path: str) -> None:
+    failure = _refused("console", "map_to_console", tmp_path, map_path)
+    assert "sink 'console' (Spark's console sink) can give at most none" in failure
+
+
+def test_foreach_batch_is_refused_unless_allowed_and_then_runs_at_least_once(
+    tmp_path: Path, map_path: str
+) -> None:
+    failure = _refused("undeclared", "map_to_foreach_batch", tmp_path, map_path)
+    assert "sink 'foreachBatch' (a foreachBatch function) can give at most at-least-once" in (
+        failure
+    )
+    assert f".option('{IDEMPOTENT_FOREACH_BATCH}', 'true')" in failure
+
+    job = Job.submit(
+        "downgraded", f"{PIPELINES}:map_to_foreach_batch", _config(tmp_path, allow_downgrade=True)
+    )
+    record = job.join(300)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    assert len(_output(map_path)) == 200
+    assert record.effective_guarantee == "at-least-once"
+    sink = _spark_part(job, "sink")
+    assert (sink.connector, sink.guarantee) == ("spark:foreachBatch", "at-least-once")
+    assert "not declared idempotent" in sink.reason
+
+
+# --- supervised jobs: what runs is recorded ----------------------------------------------------
+
+
+def test_foreach_batch_declared_idempotent_runs_exactly_once_and_is_recorded(
+    tmp_path: Path, map_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPOCHAL_TEST_IDEMPOTENT", "1")
+    job = Job.submit("declared", f"{PIPELINES}:map_to_foreach_batch", _config(tmp_path))
+    record = job.join(300)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    assert _output(map_path) == {str(i): f"v{i}" for i in range(200)}
+    assert record.effective_guarantee == "exactly-once"
+
+    sink = _spark_part(job, "sink")
+    assert (sink.connector, sink.guarantee, sink.contract) == (
+        "spark:foreachBatch",
+        "exactly-once",
+        "spark",
+    )
+    assert sink.target == {"label": "a foreachBatch function, declared idempotent"}
+    parts = read_parts(job.jobdir.store)
+    epochal_source = [p for p in parts.values() if p.kind == "source"]
+    assert [(p.connector, p.guarantee) for p in epochal_source] == [("map", "exactly-once")]
+
+    exposition = render_prometheus(job.jobdir)
+    assert (
+        f'epochal_part_guarantee{{job="declared",part="{sink.part_id}",kind="sink",'
+        'connector="spark:foreachBatch",guarantee="exactly-once"} 2'
+    ) in exposition
+
+
+def _spark_part(job: Job, kind: str) -> Any:
+    """The one part record of ``kind`` that Spark's side of the query left."""
+    found = [
+        p for p in read_parts(job.jobdir.store).values() if p.kind == kind and ":" in p.connector
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- plain sessions -------------------------------------------------------------------------
+
+
+def _kafka_jars() -> list[str]:
+    """Spark's Kafka connector jars where they are cached (none otherwise)."""
+    try:
+        from integration.bench.kafka_bench import spark_kafka_jars
+
+        return spark_kafka_jars()
+    except Exception:  # no cache and no Maven here: the session needs none
+        return []
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[Any]:
+    """A plain SparkSession of this process, epochal's connectors registered (and with them
+    the check of each query's parts when it starts). The JVM it starts stays for the rest of
+    the process, and only ``spark.jars`` given at its start reach the driver's class path:
+    it gets Spark's Kafka connector, as ``test_spark_plan.py``'s session does, so that
+    whichever module starts it, the other finds ``format("kafka")``."""
+    from pyspark.sql import SparkSession
+
+    from epochal.spark.datasource import register
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("test_spark_parts_in_jobs")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    )
+    jars = _kafka_jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    yield spark
+    spark.stop()
+
+
+def _session_events(spark: Any, map_path: str, **job: str) -> Any:
+    reader = (
+        spark.readStream.format("epochal.map")
+        .option("path", map_path)
+        .option("map", "input")
+        .option("maxRecordsPerBatch", "100")
+    )
+    return reader.options(**job).load().selectExpr("key", "value")
+
+
+def test_a_plain_session_query_below_exactly_once_is_refused_before_its_first_batch(
+    session: Any, tmp_path: Path, map_path: str
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    job = {
+        "epochal.job": "session-job",
+        "epochal.snapshotDir": snapshots,
+        "epochal.guarantee": "exactly-once",
+    }
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        _session_events(session, map_path, **job)
+        .writeStream.format("console")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception) as failed:
+        query.awaitTermination()
+    message = str(failed.value)
+    assert "GuaranteeError" in message
+    assert "sink 'console' (Spark's console sink) can give at most none" in message
+    assert ".option('epochal.guarantee', 'none')" in message
+    assert ".option('epochal.allowDowngrade', 'true')" in message
+    assert query.recentProgress == []
+    commits = checkpoint / "commits"
+    assert not commits.exists() or not any(commits.iterdir())
+    verdict = Path(
+        session_verdict_path(JobLayout(snapshots, "session-job").path, session_driver(session))
+    )
+    assert verdict.exists()
+
+    # The same driver, the same job, a query that keeps exactly-once: the check writes its
+    # verdict again when it starts, so the earlier refusal is never read for it.
+    done = (
+        _session_events(session, map_path, **job)
+        .writeStream.format("epochal.map")
+        .option("path", map_path)
+        .option("map", "output")
+        .option("mode", "transactional")
+        .options(**job)
+        .option("checkpointLocation", str(tmp_path / "checkpoint-2"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    done.awaitTermination()
+    assert len(_output(map_path)) == 200
+    assert '"refused": null' in verdict.read_text()
+
+
+def test_a_plain_session_query_below_its_guarantee_runs_with_a_warning(
+    session: Any, tmp_path: Path, map_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="epochal.parts.spark_plan")
+    query = (
+        _session_events(session, map_path, **{"epochal.guarantee": "at-least-once"})
+        .writeStream.format("memory")
+        .queryName("session_rows")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert session.table("session_rows").count() == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        "sink 'memory' (Spark's memory sink) can give at most none" in w
+        and "below the job's guarantee at-least-once" in w
+        and "refused" not in w
+        for w in warnings
+    ), warnings
