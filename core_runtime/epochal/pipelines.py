@@ -60,11 +60,16 @@ def add_jars(spark: Any, jars: str) -> None:
 
 
 def copy(spark: Any) -> Any:
-    """source → ``key`` = the record ID, ``value`` = the ID again → sink."""
+    """source → ``key`` = the record ID, ``value`` = the ID again → sink; the rows routed by
+    ``key`` on the way when the spec says ``route_by_key``, into as many partitions as the
+    session's shuffle partitions (a number given, so that adaptive execution does not coalesce
+    a small batch into one write task: the kit's crash points need several)."""
     spec = _spec()
     out = _source(spark, spec).selectExpr(
         f"CAST({spec['id_expr']} AS STRING) AS key", f"CAST({spec['id_expr']} AS STRING) AS value"
     )
+    if spec.get("route_by_key"):
+        out = out.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "key")
     return _sink(out, spec)
 
 

@@ -27,10 +27,16 @@ class SparkKafkaSourceUnderTest(KafkaSourceUnderTest):
     format = "kafka"
 
     def __init__(
-        self, bootstrap: str, topic: str, partitions: int, per_batch: int, jars: list[str]
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        per_batch: int,
+        jars: list[str],
+        route_by_key: bool = False,
     ) -> None:
         super().__init__(bootstrap, topic, partitions)
-        self.per_batch, self.jars = per_batch, jars
+        self.per_batch, self.jars, self.route_by_key = per_batch, jars, route_by_key
 
     def options(self) -> dict[str, str]:
         return {
@@ -49,10 +55,17 @@ def kafka_jars() -> list[str]:
 
 
 def spark_kafka_source(
-    server: KafkaServer, topic: str, jars: list[str], per_batch: int = 50
+    server: KafkaServer,
+    topic: str,
+    jars: list[str],
+    per_batch: int = 50,
+    route_by_key: bool = False,
 ) -> SparkKafkaSourceUnderTest:
-    """A 3-partition ``topic`` of ``server`` as Spark's Kafka source under test."""
-    return SparkKafkaSourceUnderTest(server.bootstrap_servers, topic, 3, per_batch, jars)
+    """A 3-partition ``topic`` of ``server`` as Spark's Kafka source under test (its rows
+    routed by key before the sink when ``route_by_key``)."""
+    return SparkKafkaSourceUnderTest(
+        server.bootstrap_servers, topic, 3, per_batch, jars, route_by_key
+    )
 
 
 def kafka_source_spec(source: SparkKafkaSourceUnderTest) -> dict[str, Any]:

@@ -11,8 +11,9 @@ the real PostgreSQL server: what a job submitted with each mix runs with, or why
 * Spark's Kafka source does not give a replayed batch's records to the same Spark partitions
   as the first attempt (a batch planned live and the same batch replayed from the offset log
   list the topic's partitions in other orders), and epochal's Kafka sink commits per Spark
-  partition: rows routed by key (a keyed aggregation, ``repartition(col)``) keep it
-  exactly-once across a whole-driver kill in the middle of a batch.
+  partition: straight into it, an exactly-once job is refused at submit; rows routed by key
+  (a keyed aggregation, ``repartition(col)``) keep it exactly-once across a whole-driver kill
+  in the middle of a batch.
 
 Warm drivers of the kit's pool run the jobs (the kit's session profile): the pipelines add
 Spark's Kafka connector to the running session (:data:`epochal.pipelines.SOURCE_JARS_OPTION`).
@@ -121,6 +122,29 @@ def test_sparks_kafka_sink_is_refused_at_submit_under_exactly_once(
     )
     assert "not transactional" in failure and "source 'kafka'" not in failure
     assert "--guarantee at-least-once" in failure and "--allow-downgrade" in failure
+
+
+def test_sparks_kafka_source_straight_into_the_kafka_sink_is_refused_under_exactly_once(
+    source: SparkKafkaSourceUnderTest,
+    kafka_sink: KafkaSinkUnderTest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The copy pipeline without routing: epochal's Kafka sink settles each Spark partition
+    on its own, and Spark's Kafka source may move a replayed batch's records between them."""
+    spec = {
+        **kafka_source_spec(source),
+        "sink": "kafka",
+        "sink_options": kafka_sink.options("transactional"),
+    }
+    _, record = _submit("spark-kafka-unrouted", spec, tmp_path, monkeypatch)
+    assert record.status == JobStatus.FAILED, record.failure
+    assert record.restarts == 0 and record.progress == {}
+    failure = record.failure or ""
+    assert "GuaranteeError" in failure and "source 'kafka'" in failure
+    assert "settles each Spark partition on its own" in failure
+    assert "route the rows by key" in failure
+    assert kafka_sink.committed("transactional") == []
 
 
 def test_sparks_kafka_source_into_the_jdbc_2pc_sink_runs_exactly_once(

@@ -4,11 +4,13 @@ two-phase-commit sink and into the Kafka exactly-once sink, with the real broker
 PostgreSQL server.
 
 For each sink, exactly-once: every crash point of the sink's two-phase commit (the process
-that performs the step killed there) and the whole driver killed after a batch; then the real
-failures, supervised (the supervisor killed and the job resumed from another process; the
-driver paused past its lease while another takes over, then resumed) and in a plain session
-under an outside restarter. 0 lost, 0 duplicated (counted by record ID through an
-independent reader), nothing left prepared. Spark's source replays a batch from the offsets
+that performs the step killed there) and the whole driver killed after a batch; into the JDBC
+sink also the real failures, supervised (the supervisor killed and the job resumed from
+another process; the driver paused past its lease while another takes over, then resumed;
+random kills). 0 lost, 0 duplicated (counted by record ID through an independent reader),
+nothing left prepared. The plain-session failures are not run again here: the JDBC sink's
+own suite runs them (epochal's Kafka source), and how Spark's source replays a batch does not
+depend on who restarts the driver. Spark's source replays a batch from the offsets
 in its checkpoint; epochal's sink decides each batch once: together, exactly-once.
 
 The topic holds aborted transactions that repeat IDs, so the source reads ``read_committed``.
@@ -46,7 +48,11 @@ class _FromSparksKafkaSource(ConformanceSuite):
     records_per_batch = 50
     aggregate = False  # Spark state between the two does not change either protocol
     contract_checks = False  # the sinks' own suites run them (no Spark, no source)
+    session_failures = (
+        False  # the JDBC sink's own suite runs them; the replay is Spark's either way
+    )
     source_connector = "spark:kafka"
+    route_by_key = False
 
     @pytest.fixture
     def epochal_source(
@@ -55,7 +61,9 @@ class _FromSparksKafkaSource(ConformanceSuite):
         make_topic: Any,
         kafka_jars: list[str],  # noqa: F811
     ) -> SparkKafkaSourceUnderTest:
-        return spark_kafka_source(kafka_server, make_topic(3), kafka_jars, self.records_per_batch)
+        return spark_kafka_source(
+            kafka_server, make_topic(3), kafka_jars, self.records_per_batch, self.route_by_key
+        )
 
 
 class TestSparkKafkaSourceIntoJdbc(_FromSparksKafkaSource):
@@ -69,20 +77,21 @@ class TestSparkKafkaSourceIntoJdbc(_FromSparksKafkaSource):
 
 
 class TestSparkKafkaSourceIntoKafka(_FromSparksKafkaSource):
-    """Spark's Kafka source → Spark → Kafka topic (2 partitions), transactional: every crash
-    point of the sink, and the whole driver after a batch.
+    """Spark's Kafka source → rows routed by key (``repartition``) → Kafka topic (2
+    partitions), transactional: every crash point of the sink, and the whole driver after a
+    batch.
 
-    Not the real failures: they kill the whole driver at random moments, also while a batch's
-    tasks run, and there the copy pipeline is not exactly-once with Spark's source. The sink
-    commits each Spark partition's Kafka transaction in ``prepare`` and a replay skips the
-    partitions whose marker is there, which needs the replay to give each Spark partition the
-    rows it had; Spark's Kafka source plans a replayed batch from its offset log, listing the
-    topic's partitions in another order than the live plan did (measured here: 14 records
-    lost, 13 written twice). Rows routed by key keep it exactly-once
-    (``test_spark_kafka_parts.py``); docs/guarantees.md says what to do."""
+    The sink commits each Spark partition's Kafka transaction in ``prepare`` and a replay skips
+    the partitions whose marker is there, so a replay must give each Spark partition the rows
+    it had; Spark's Kafka source plans a replayed batch from its offset log, listing the
+    topic's partitions in another order than the live plan did, so without the routing the
+    job is refused (``test_spark_kafka_parts.py``). Not the real failures (random kills of the
+    whole driver): the JDBC class runs them; a driver kill after the first task committed,
+    with the rows routed, is ``test_spark_kafka_parts.py``'s."""
 
     sink_connector = "kafka (from spark:kafka)"
     real_failures = False
+    route_by_key = True
 
     @pytest.fixture
     def epochal_sink(self, kafka_sink: KafkaSinkUnderTest) -> KafkaSinkUnderTest:

@@ -135,6 +135,26 @@ class Sink(ABC):
             return "transactional"
         return "idempotent"
 
+    def settles_each_partition(self) -> bool:
+        """Whether this sink settles each Spark partition's share of a batch on its own, so
+        that a replayed batch must give every partition the rows it had the first time.
+
+        True in idempotent mode (the runtime checks each partition's keys on a replay); a
+        transactional sink that makes a partition's writes final in ``prepare`` (a Kafka
+        transaction committed there) overrides it to True. False for a transactional sink
+        that decides the batch as a whole in ``commit``.
+
+        The runtime refuses (or, with the downgrade allowed, runs at-least-once) a job whose
+        source may give a replayed batch's rows to other partitions (Spark's Kafka source)
+        straight into such a sink; rows routed by key in between (``repartition(<column>)``,
+        a keyed aggregation) keep it exactly-once. Called on the driver, before the query
+        starts; must give the same answer for the same options.
+
+        Returns:
+            Whether a replay must keep each row in its partition.
+        """
+        return self.sink_mode() == "idempotent"
+
     def check(self, schema: Schema) -> None:
         """Called on the driver at the start of every run, before its first batch: fail with a
         clear error on bad options, an unreachable server (raise what

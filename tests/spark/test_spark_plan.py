@@ -191,6 +191,58 @@ def test_kafka_source_is_replayable_and_kafka_sink_at_least_once(spark: Any) -> 
     assert SECRET not in json.dumps(verdict.to_json()) and SECRET not in message
 
 
+@pytest.mark.skipif(not KAFKA_JARS, reason=NO_KAFKA or "no Kafka jars")
+def test_kafka_source_into_a_sink_that_settles_each_partition_needs_rows_routed_by_key(
+    spark: Any, map_path: str
+) -> None:
+    """Spark's Kafka source may give a replayed batch's records to other Spark partitions;
+    a sink that settles each partition on its own (epochal's Kafka sink commits in
+    ``prepare``; an idempotent sink's keys are checked per partition) makes that
+    at-least-once, unless a node routes the rows by key between them. A sink that decides
+    the batch as a whole (the map's transactional mode) does not care."""
+    rows = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", "localhost:1")  # nothing listens: not contacted
+        .option("subscribe", "events")
+        .load()
+        .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value")
+    )
+
+    def into_map(frame: Any, mode: str) -> Any:
+        return (
+            frame.writeStream.format("epochal.map")
+            .option("path", map_path)
+            .option("map", "out")
+            .option("mode", mode)
+        )
+
+    into_kafka = (
+        rows.writeStream.format("epochal.kafka")
+        .option("kafka.bootstrap.servers", "localhost:1")
+        .option("topic", "out")
+    )
+    for writer in (into_map(rows, "idempotent"), into_kafka):
+        plan = read_query(writer)
+        source = _only(plan.sources)
+        assert (source.guarantee, source.moves_rows_on_replay) == (AT_LEAST_ONCE, True)
+        assert "settles each Spark partition on its own" in source.why
+        message = _refusal(plan.parts)
+        assert "source 'kafka'" in message and "route the rows by key" in message
+    for writer in (
+        into_map(rows.repartition("key"), "idempotent"),
+        into_map(
+            rows.groupBy("key").count().selectExpr("key", "CAST(count AS STRING) AS value"),
+            "idempotent",
+        ),
+        into_map(rows, "transactional"),
+    ):
+        plan = read_query(writer)
+        assert _only(plan.sources).guarantee is EXACTLY_ONCE
+        assert judge(plan.parts, EXACTLY_ONCE, allow_downgrade=False).effective is EXACTLY_ONCE
+    round_robin = read_query(into_map(rows.repartition(4), "idempotent"))
+    assert _only(round_robin.sources).guarantee is AT_LEAST_ONCE
+
+
 def test_kafka_sink_is_at_least_once_by_name(spark: Any) -> None:
     """A writer's format is a name until the query starts: Spark's Kafka sink is known by it
     without its jars."""

@@ -154,6 +154,12 @@ class KafkaSink(TransactionalSink, IdempotentSink):
         replayed batch is written again)."""
         return Guarantee.EXACTLY_ONCE if self.mode == "transactional" else Guarantee.AT_LEAST_ONCE
 
+    def settles_each_partition(self) -> bool:
+        """Yes: each partition's Kafka transaction commits in ``prepare``, and a replay skips
+        the partitions whose batch marker is there, so a replayed batch must give every
+        partition the rows it had."""
+        return True
+
     def key_columns(self) -> tuple[str, ...]:
         """No upsert key: idempotent mode is at-least-once (the runtime's key-stability check
         only runs under exactly-once)."""

@@ -129,6 +129,7 @@ def run_case(
         "sink_options": sink.options(scenario.mode),
         "id_expr": source.id_expr,
         "groups": groups,
+        "route_by_key": source.route_by_key,
     }
     config = JobConfig(
         guarantee=scenario.guarantee,

@@ -88,6 +88,11 @@ class SourceUnderTest(ABC):
     format: ClassVar[str] = ""
     """The format the kit reads the source with: empty for ``epochal.<connector>``; a source
     that is not an epochal connector (Spark's own Kafka source: ``"kafka"``) gives its own."""
+    route_by_key: bool = False
+    """Route the rows by their ID (``repartition``) between the source and the sink in the
+    copy pipeline: a source whose replays may give rows to other Spark partitions (Spark's
+    Kafka source) needs it before a sink that settles each partition on its own
+    (:meth:`~epochal_sdk.Sink.settles_each_partition`), or the job is refused."""
 
     @abstractmethod
     def options(self) -> dict[str, str]:
@@ -177,6 +182,8 @@ class ConformanceSuite:
         real_failures: also run the real-failures scenarios, exactly-once: supervised
             (supervisor killed, zombie driver, random kills) and in a plain session under an
             outside restarter (driver killed, zombie driver, random kills).
+        session_failures: with ``real_failures``, also the plain-session half (default);
+            off where another suite runs it for the same sink or source.
         contract_checks: also run the contract checks of the contracts under test (no
             Spark; see :mod:`epochal.testing.contract_checks`).
     """
@@ -191,6 +198,7 @@ class ConformanceSuite:
     whole_driver_kills: ClassVar[bool] = False
     executor_kills: ClassVar[bool] = False
     real_failures: ClassVar[bool] = True
+    session_failures: ClassVar[bool] = True
     contract_checks: ClassVar[bool] = True
     source_connector: ClassVar[str] = ""
     sink_connector: ClassVar[str] = ""
@@ -265,6 +273,7 @@ class ConformanceSuite:
                     ),
                 )
             )
+        if cls.real_failures and cls.session_failures:
             out.append(
                 Scenario(
                     "session-failures",
