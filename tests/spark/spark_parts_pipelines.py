@@ -7,20 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipelines import events
+
 from epochal.parts.spark_plan import IDEMPOTENT_FOREACH_BATCH
 from epochal_map import MapStore
-
-
-def _events(spark: Any) -> Any:
-    """The map journal 'input' (200 events), 50 a batch."""
-    return (
-        spark.readStream.format("epochal.map")
-        .option("path", os.environ["EPOCHAL_TEST_MAP"])
-        .option("map", "input")
-        .option("maxRecordsPerBatch", "50")
-        .load()
-        .selectExpr("key", "value")
-    )
 
 
 def socket_to_map(spark: Any) -> Any:
@@ -38,7 +28,7 @@ def socket_to_map(spark: Any) -> Any:
 
 def map_to_console(spark: Any) -> Any:
     """The map journal → Spark's console sink."""
-    return _events(spark).writeStream.format("console")
+    return events(spark).writeStream.format("console")
 
 
 def map_to_foreach_batch(spark: Any) -> Any:
@@ -52,7 +42,7 @@ def map_to_foreach_batch(spark: Any) -> Any:
         with MapStore(path) as store:
             store.put_all("output", rows)
 
-    writer = _events(spark).writeStream.foreachBatch(upsert)
+    writer = events(spark).writeStream.foreachBatch(upsert)
     if os.environ.get("EPOCHAL_TEST_IDEMPOTENT") == "1":
         writer = writer.option(IDEMPOTENT_FOREACH_BATCH, "true")
     return writer

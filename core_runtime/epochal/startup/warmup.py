@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -180,6 +181,12 @@ def warm_up(
     return time.monotonic() - started
 
 
+WARMUP_QUERY_PREFIX = "epochal-warmup-"
+"""The warm-up queries' names start so (each start has its own, since a promotion stops the
+last one in the background while the job's query starts): a job's code that looks at
+``spark.streams.active`` can tell them from its own."""
+
+
 def register(spark: Any) -> None:
     """Register the warm-up source with the session (once: again, Spark logs a warning)."""
     spark.dataSource.register(WarmupDataSource)
@@ -201,6 +208,7 @@ def _run(spark: Any, stop_if: Callable[[], bool], batches_per_start: tuple[int, 
                 running_totals(frame, "id % 4")
                 .writeStream.format(FORMAT)
                 .option("checkpointLocation", checkpoint)
+                .queryName(f"{WARMUP_QUERY_PREFIX}{uuid.uuid4().hex[:12]}")
                 .trigger(availableNow=True)
                 .start()
             )
