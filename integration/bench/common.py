@@ -37,6 +37,29 @@ class Result:
         return sum(rows[1:]) / (sum(ms[1:]) / 1000) if sum(ms[1:]) else 0.0
 
 
+class MeasuredBatches:
+    """A query's per-batch latencies (``batch_ms``) and rows (``batch_rows``), set by the
+    dataclass that mixes this in; its first batch (the query's start) and its last are not
+    measured when there are three or more."""
+
+    batch_ms: list[float]
+    batch_rows: list[int]
+
+    def _measured(self) -> slice:
+        return slice(1, -1) if len(self.batch_ms) >= 3 else slice(0, None)
+
+    @property
+    def measured_ms(self) -> list[float]:
+        """Latencies of the measured batches."""
+        return self.batch_ms[self._measured()]
+
+    @property
+    def steady(self) -> float:
+        """Throughput: records per measured batch / their median latency (records/s)."""
+        rows, ms = self.batch_rows[self._measured()], self.measured_ms
+        return statistics.mean(rows) / (statistics.median(ms) / 1000) if ms else 0.0
+
+
 def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
     """The one SparkSession of a benchmark run (``local[2]``, quiet, ``conf`` added) with
     epochal's ``connectors`` registered; Python workers run this interpreter."""

@@ -67,6 +67,7 @@ import psycopg
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from integration.bench.common import (
+    MeasuredBatches,
     bench_session,
     epochal_options,
     machine,
@@ -104,7 +105,7 @@ pair for Kafka → Kafka, >= 1.0x the ``foreachBatch`` write for Kafka → Postg
 
 
 @dataclass
-class Run:
+class Run(MeasuredBatches):
     """One way in one round: per batch its latency, rows and Spark's phases."""
 
     way: str
@@ -118,20 +119,6 @@ class Run:
     own timers)."""
     complete: bool = False
     """The output held every record exactly once."""
-
-    def _measured(self) -> slice:
-        return slice(1, -1) if len(self.batch_ms) >= 3 else slice(0, None)
-
-    @property
-    def measured_ms(self) -> list[float]:
-        """Latencies of the measured batches (all but the first and the last)."""
-        return self.batch_ms[self._measured()]
-
-    @property
-    def steady(self) -> float:
-        """Records per measured batch / their median latency (records/s)."""
-        rows, ms = self.batch_rows[self._measured()], self.measured_ms
-        return statistics.mean(rows) / (statistics.median(ms) / 1000) if ms else 0.0
 
 
 class FastPath:

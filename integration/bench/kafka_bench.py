@@ -58,6 +58,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from epochal_kafka.source import FETCH_QUEUE_BACKOFF_MS
 
 from integration.bench.common import (
+    MeasuredBatches,
     Result,
     bench_session,
     epochal_options,
@@ -177,7 +178,7 @@ def count_output(bootstrap: str, topic: str) -> int:
 
 
 @dataclass
-class Run:
+class Run(MeasuredBatches):
     """One variant in one round."""
 
     variant: str
@@ -190,23 +191,6 @@ class Run:
     kept: tuple[int, int] = (0, 0)
     """Exactly-once: (tasks that used their worker's kept producer, tasks that wrote), from
     the prepared transactions in the runtime's commit decisions (all batches but the first)."""
-
-    def _measured(self) -> slice:
-        """The measured batches: all but the first and the last (when there are three+)."""
-        return slice(1, -1) if len(self.batch_ms) >= 3 else slice(0, None)
-
-    @property
-    def measured_ms(self) -> list[float]:
-        """Per-batch latencies of the measured batches."""
-        return self.batch_ms[self._measured()]
-
-    @property
-    def steady(self) -> float:
-        """Throughput: records per measured batch / their median latency (records/s)."""
-        rows, ms = self.batch_rows[self._measured()], self.measured_ms
-        if not ms:
-            return 0.0
-        return statistics.mean(rows) / (statistics.median(ms) / 1000)
 
     @property
     def mean_rate(self) -> float:
