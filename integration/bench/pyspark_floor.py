@@ -11,6 +11,11 @@ keyed ``applyInPandasWithState`` with padded state → a Python streaming sink t
 nothing. There is no state to load (a new checkpoint) and nothing to connect to, so a cold
 recovery, which also loads the job's state and talks to real connectors, cannot be faster.
 
+``--shape demo`` runs the job of ``python -m epochal demo`` instead (the same settings as
+its driver: four shuffle partitions; one batch of 500 events, the demo's read limit → its
+running totals per user, ``epochal.pipelines.running_totals``, plain PySpark code → a sink
+that does nothing): the floor under the demo job's cold recovery.
+
 It prints one JSON line: seconds from the process's launch (``--launched``, a Unix time; the
 module's own start when not given) to each step.
 """
@@ -28,10 +33,17 @@ from collections.abc import Iterator
 from typing import Any
 
 FORMAT = "pyspark-floor"
+SHAPES = ("counts", "demo")
+"""The query shapes: the recovery benchmark's padded keyed count, or the demo's job."""
+SHUFFLE_PARTITIONS = {"counts": "2", "demo": "4"}
+"""Each shape's job's shuffle partitions (the demo's: an epochal driver's default)."""
+DEMO_ROWS = 500
+"""The demo's read limit per batch (``epochal.ops.demo``)."""
 
 
-def session() -> Any:
-    """A SparkSession as the benchmark's job gets one, without epochal."""
+def session(shape: str = "counts") -> Any:
+    """A SparkSession as the benchmark's (or, ``shape`` demo, the demo's) job gets one,
+    without epochal."""
     from pyspark.sql import SparkSession
 
     from epochal.startup.classdata import driver_java_options
@@ -42,7 +54,7 @@ def session() -> Any:
         SparkSession.builder.master("local[2]")
         .appName("pyspark-floor")
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS[shape])
         .config(
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -53,8 +65,8 @@ def session() -> Any:
 
 
 def data_source(rows: int, keys: int) -> type:
-    """A Python streaming source of one batch of ``rows`` keyed rows and a sink that keeps
-    nothing (no connector behind either)."""
+    """A Python streaming source of one batch of ``rows`` rows (``key``: one of ``keys``
+    keys, ``id``: counting up) and a sink that keeps nothing (no connector behind either)."""
     import pyarrow as pa
     from pyspark.sql.datasource import (
         DataSource,
@@ -75,7 +87,9 @@ def data_source(rows: int, keys: int) -> type:
             return [InputPartition(0)]
 
         def read(self, partition: InputPartition) -> Iterator[Any]:
-            yield pa.RecordBatch.from_pydict({"key": [f"k{i % keys}" for i in range(rows)]})
+            yield pa.RecordBatch.from_pydict(
+                {"key": [f"k{i % keys}" for i in range(rows)], "id": list(range(rows))}
+            )
 
         def commit(self, end: dict) -> None:
             """Nothing to settle."""
@@ -98,7 +112,7 @@ def data_source(rows: int, keys: int) -> type:
             return FORMAT
 
         def schema(self) -> str:
-            return "key string"
+            return "key string, id long"
 
         def streamReader(self, schema: Any) -> Reader:
             return Reader()
@@ -131,10 +145,21 @@ def counts(events: Any, pad: str) -> Any:
     )
 
 
-def measure(launched: float, rows: int, keys: int, pad: int) -> dict[str, float]:
+def query_of(frame: Any, shape: str, pad: int) -> Any:
+    """The shape's stateful step over the source's rows."""
+    if shape == "demo":
+        from epochal.pipelines import running_totals  # plain PySpark: applyInPandasWithState
+
+        return running_totals(frame.selectExpr("key AS user", "id"), "user")
+    return counts(frame.select("key"), "x" * pad)
+
+
+def measure(
+    launched: float, rows: int, keys: int, pad: int, shape: str = "counts"
+) -> dict[str, float]:
     """Seconds from ``launched`` to each step of the start, up to the first batch."""
     steps = {"python": time.time()}
-    spark = session()
+    spark = session(shape)
     steps["session"] = time.time()
     spark.dataSource.register(data_source(rows, keys))
     steps["register"] = time.time()
@@ -142,7 +167,7 @@ def measure(launched: float, rows: int, keys: int, pad: int) -> dict[str, float]
     try:
         frame = spark.readStream.format(FORMAT).load()
         query = (
-            counts(frame, "x" * pad)
+            query_of(frame, shape, pad)
             .writeStream.format(FORMAT)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime="1 second")
@@ -168,14 +193,27 @@ def measure(launched: float, rows: int, keys: int, pad: int) -> dict[str, float]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m integration.bench.pyspark_floor")
     parser.add_argument("--launched", type=float, help="Unix time the process was launched")
-    parser.add_argument("--rows", type=int, default=160, help="rows in the first batch")
-    parser.add_argument("--keys", type=int, default=20_000, help="keys the rows cycle over")
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="counts",
+        help="the recovery benchmark's keyed count, or the demo's job (default: %(default)s)",
+    )
+    parser.add_argument("--rows", type=int, help="rows in the first batch (default: 160; demo 500)")
+    parser.add_argument(
+        "--keys", type=int, help="keys the rows cycle over (default: 20000; demo 25)"
+    )
     parser.add_argument("--pad", type=int, default=50, help="characters of padding per key")
     args = parser.parse_args(argv)
+    demo = args.shape == "demo"
+    rows = args.rows or (DEMO_ROWS if demo else 160)
+    if demo:
+        from epochal.ops.demo import USERS
+    keys = args.keys or (USERS if demo else 20_000)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     launched = args.launched or time.time()
-    print(json.dumps(measure(launched, args.rows, args.keys, args.pad)), flush=True)
+    print(json.dumps(measure(launched, rows, keys, args.pad, args.shape)), flush=True)
     return 0
 
 

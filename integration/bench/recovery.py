@@ -34,7 +34,8 @@ in the same table and plot:
 ``--workloads demo``  the job of ``python -m epochal demo`` (its pipeline, producer and
                       settings: full batches that take seconds), each kill on a new job
                       ``--kill-after`` seconds after its start (default 30: the demo's first
-                      crash point), whether its standby is ready or not
+                      crash point), whether its standby is ready or not; the peer runs the
+                      demo's query in the same conditions (a row of its own)
 ``--neighbour``       a second, independent Spark streaming job on the same cores through the
                       kills (:mod:`integration.bench.neighbour`); ``off,on`` for both
 
@@ -66,6 +67,10 @@ from epochal.startup import statefiles
 
 SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
+FLOOR_KIND = "plain PySpark, new process, no state"
+"""The peer's row (no kill: :mod:`integration.bench.pyspark_floor`)."""
+ROW_KINDS = (*KINDS, FLOOR_KIND)
+"""The table's and the plot's rows: the kills, then the peer."""
 STATE_FILES = ("links", "copies")
 """How the job's state store files move between checkpoint and working directory."""
 
@@ -460,9 +465,16 @@ class Bench:
         return None
 
     def _standby_ready(self) -> bool:
+        """Whether the job's standby has finished warming up (the supervisor's record of it)."""
         record = self.job.status()
-        pid = (record.supervisor or {}).get("standby_pid")
-        return bool(pid) and record.status.value == "RUNNING" and processes.alive(int(pid))
+        supervisor = record.supervisor or {}
+        pid = supervisor.get("standby_pid")
+        return (
+            bool(pid)
+            and bool(supervisor.get("standby_ready"))
+            and record.status.value == "RUNNING"
+            and processes.alive(int(pid))
+        )
 
     def _caught_up(self, produced: int) -> bool:
         from epochal_map.store import MapStore
@@ -489,13 +501,10 @@ class Bench:
         print(line, flush=True)
 
 
-FLOOR_LABEL = "plain PySpark, new process, no state"
-"""The peer's row: :mod:`integration.bench.pyspark_floor`."""
-
-
-def pyspark_floor(times: int, keys: int) -> list[float]:
+def pyspark_floor(times: int, keys: int, shape: str = "counts") -> list[float]:
     """Seconds from a new process's launch to plain PySpark's first committed batch of the
-    benchmark's query shape (see :mod:`integration.bench.pyspark_floor`), ``times`` times."""
+    benchmark's query shape, or the demo job's (``shape``; see
+    :mod:`integration.bench.pyspark_floor`), ``times`` times."""
     totals = []
     for turn in range(times):
         launched = time.time()
@@ -505,7 +514,8 @@ def pyspark_floor(times: int, keys: int) -> list[float]:
                 "-m",
                 "integration.bench.pyspark_floor",
                 f"--launched={launched}",
-                f"--keys={keys}",
+                f"--shape={shape}",
+                *([f"--keys={keys}"] if shape == "counts" else []),
             ],
             capture_output=True,
             text=True,
@@ -517,12 +527,22 @@ def pyspark_floor(times: int, keys: int) -> list[float]:
         steps = json.loads(lines[-1])
         totals.append(float(steps["total"]))
         print(
-            f"  floor  {FLOOR_LABEL}: first batch {steps['total']:6.2f}s  (round {turn + 1}; "
+            f"  floor  {FLOOR_KIND} ({shape}): first batch {steps['total']:6.2f}s  "
+            f"(round {turn + 1}; "
             + ", ".join(f"{k} {v:.2f}" for k, v in steps.items() if k != "total")
             + ")",
             flush=True,
         )
     return totals
+
+
+def demo_floor(times: int, scenario: Scenario) -> list[Sample]:
+    """The demo job's peer, ``times`` times, in ``scenario``'s conditions (a second Spark job
+    or not): plain PySpark's first committed batch of the demo's query in a new process."""
+    return [
+        Sample(FLOOR_KIND, 0, total, None, workload="demo", neighbour=scenario.neighbour)
+        for total in pyspark_floor(times, 0, "demo")
+    ]
 
 
 def _columns(samples: list[Sample]) -> list[str]:
@@ -558,14 +578,14 @@ def table(samples: list[Sample], floor: list[float] | None = None) -> str:
         cell = f"{statistics.median(floor):.1f} s / - (n={len(floor)})"
         sized = [c for c in columns if c != DEMO_COLUMN]
         lines.append(
-            f"| {FLOOR_LABEL} | " + " | ".join(cell if c in sized else "-" for c in columns) + " |"
+            f"| {FLOOR_KIND} | " + " | ".join(cell if c in sized else "-" for c in columns) + " |"
         )
     return "\n".join(lines)
 
 
 def spread(samples: list[Sample]) -> str:
     """Every sample of each row and column, first batch / caught up (seconds), in the order
-    measured, with whether the standby was ready at the kill."""
+    measured, with whether a promoted standby was ready at the kill."""
     lines = []
     for label in _labels(samples):
         for column in _columns(samples):
@@ -574,7 +594,11 @@ def spread(samples: list[Sample]) -> str:
                 values = ", ".join(
                     f"{s.first_batch_s:.2f}"
                     + (f"/{s.caught_up_s:.2f}" if s.caught_up_s is not None else "")
-                    + ("" if s.standby_ready in (None, True) else " (standby warming)")
+                    + (
+                        " (standby warming)"
+                        if s.kind == "standby" and s.standby_ready is False
+                        else ""
+                    )
                     for s in chosen
                 )
                 lines.append(f"  {label} ({column}): {values}")
@@ -582,14 +606,15 @@ def spread(samples: list[Sample]) -> str:
 
 
 def _labels(samples: list[Sample]) -> list[str]:
-    """Every kind of the default conditions (measured or not), then the rows of every other
-    scenario in the order measured, each in the order of :data:`KINDS`."""
-    labels = list(KINDS)
+    """Every kind of the default conditions (measured or not, when the counts job was), then
+    the rows of every other scenario in the order measured, each in the order of
+    :data:`ROW_KINDS`."""
+    labels = list(KINDS) if any(s.workload == "counts" for s in samples) else []
     for sample in samples:
         scenario = sample.scenario
         if scenario == Scenario():
             continue
-        for kind in KINDS:
+        for kind in ROW_KINDS:
             label = ", ".join([kind, *scenario.qualifiers])
             measured = any(s.label == label for s in samples)
             if measured and label not in labels:
@@ -597,8 +622,8 @@ def _labels(samples: list[Sample]) -> list[str]:
     return labels
 
 
-MARKERS = dict(zip(KINDS, ("o", "s", "^"), strict=True))
-COLOURS = dict(zip(KINDS, ("C0", "C1", "C2"), strict=True))
+MARKERS = dict(zip(ROW_KINDS, ("o", "s", "^", "x"), strict=True))
+COLOURS = dict(zip(ROW_KINDS, ("C0", "C1", "C2", "grey"), strict=True))
 
 
 def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> str:
@@ -651,7 +676,7 @@ def plot(samples: list[Sample], path: str, floor: list[float] | None = None) -> 
                     label=label,
                 )
         if floor and attr == "first_batch_s":
-            axis.axhline(statistics.median(floor), color="grey", linestyle="--", label=FLOOR_LABEL)
+            axis.axhline(statistics.median(floor), color="grey", linestyle="--", label=FLOOR_KIND)
         axis.set_xscale("log")
         axis.set_xlabel("keyed state (MB, log scale)")
         axis.set_title(title)
@@ -690,7 +715,7 @@ def _conditions_panel(axis: Any, samples: list[Sample]) -> None:
         column = next(c for c in columns if any(s.column == c for s in chosen))
         values = [s.first_batch_s for s in chosen if s.column == column]
         bars.append((f"{label} ({column})", chosen[0].kind, values))
-    bars.sort(key=lambda bar: KINDS.index(bar[1]))
+    bars.sort(key=lambda bar: ROW_KINDS.index(bar[1]))
     bars.reverse()  # the first row at the top
     medians = [statistics.median(values) for *_, values in bars]
     axis.barh(
@@ -819,8 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor",
         type=int,
-        help="runs of the plain-PySpark peer before the job (default: --repeats with the counts "
-        "workload, else 0; 0: none)",
+        help="runs of the plain-PySpark peer: of the counts job's shape before the jobs, of the "
+        "demo job's in each of its scenarios' conditions (default: --repeats; 0: none)",
     )
     parser.add_argument(
         "--state-files",
@@ -847,15 +872,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     directory = tempfile.mkdtemp(prefix="epochal-recovery-")
     samples: list[Sample] = []
-    if args.floor is None:  # the peer is of the counts job's shape, in its size columns
-        args.floor = args.repeats if "counts" in args.workloads else 0
-    floor = pyspark_floor(args.floor, args.keys)
+    if args.floor is None:
+        args.floor = args.repeats
+    # the peer of the counts job's shape, in its size columns, once on the quiet machine; the
+    # demo job's peer in each of its scenarios' conditions (below)
+    floor = pyspark_floor(args.floor if "counts" in args.workloads else 0, args.keys)
     try:
         for scenario in scenarios(args):
             with _neighbour(scenario, args, directory) as neighbour:
                 sizes = [0] if scenario.workload == "demo" else args.sizes.split(",")
                 for size in (int(s) for s in sizes):
                     samples += Bench(size, args, directory, scenario).run()
+                if scenario.workload == "demo":
+                    samples += demo_floor(args.floor, scenario)
             if neighbour is not None:
                 print("  " + neighbour.describe(), flush=True)
     finally:

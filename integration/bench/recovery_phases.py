@@ -50,14 +50,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal.startup.warmup import BATCHES_PER_START, WARMUP_QUERY_PREFIX
+
 QUERY_STARTED = "QueryStartedEvent"
 QUERY_PROGRESS = "QueryProgressEvent"
 QUERY_TERMINATED = "QueryTerminatedEvent"
 SQL_START = "SparkListenerSQLExecutionStart"
 SQL_END = "SparkListenerSQLExecutionEnd"
-WARMUP_BATCHES = 3
-"""Batches of a standby's warm-up (two on a new checkpoint, one after its restart:
-``epochal.spark.warmup.BATCHES_PER_START``)."""
+WARMUP_BATCHES = sum(BATCHES_PER_START)
+"""Batches of a standby's warm-up (two on a new checkpoint, one after its restart)."""
 
 
 _PHASE_ORDER = {
@@ -458,7 +459,7 @@ def _standby_at_kill(app: SparkApp, killed: float, earlier: list[dict[str, Any]]
         ),
         None,
     )
-    warmups = [q for q in app.queries if q.name is None]
+    warmups = [q for q in app.queries if (q.name or "").startswith(WARMUP_QUERY_PREFIX)]
     done = sum(1 for q in warmups for b in q.batches if b.trigger_end <= killed)
     text = "standby at the kill: "
     if launched is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from integration.bench.recovery import FLOOR_LABEL, Sample, table
+from integration.bench.recovery import FLOOR_KIND, Sample, spread, table
 
 
 def test_table_has_the_median_of_each_kind_and_size_and_the_peer_row() -> None:
@@ -21,11 +21,11 @@ def test_table_has_the_median_of_each_kind_and_size_and_the_peer_row() -> None:
     assert "| standby | - | 2.5 s / 3.0 s (n=1) |" in lines
     assert "| in-place | - | - |" in lines
     peer = "10.6 s / - (n=3)"
-    assert lines[-1] == f"| {FLOOR_LABEL} | {peer} | {peer} |"
+    assert lines[-1] == f"| {FLOOR_KIND} | {peer} | {peer} |"
 
 
 def test_table_without_the_peer_has_no_peer_row() -> None:
-    assert FLOOR_LABEL not in table([Sample("in-place", 1, 1.7, 1.8)], floor=[])
+    assert FLOOR_KIND not in table([Sample("in-place", 1, 1.7, 1.8)], floor=[])
 
 
 def test_kills_with_state_files_copied_get_rows_of_their_own() -> None:
@@ -39,3 +39,21 @@ def test_kills_with_state_files_copied_get_rows_of_their_own() -> None:
     assert "| in-place | 2.2 s / 2.3 s (n=1) |" in lines
     assert "| in-place, state files copied | 5.4 s / 5.5 s (n=2) |" in lines
     assert not any(line.startswith("| cold, state files copied") for line in lines)
+
+
+def test_the_demo_jobs_peer_is_a_row_in_each_of_its_conditions() -> None:
+    """``--workloads demo``: the kills and the peer side by side, each condition in its rows;
+    no counts job measured, so no empty rows of its default conditions."""
+    samples = [
+        Sample("standby", 0, 7.9, None, workload="demo", kill_after=30.0, standby_ready=False),
+        Sample("standby", 0, 7.0, None, workload="demo", kill_after=30.0, standby_ready=True),
+        Sample(FLOOR_KIND, 0, 12.8, None, workload="demo"),
+        Sample(FLOOR_KIND, 0, 19.5, None, workload="demo", neighbour=True),
+    ]
+    lines = table(samples).splitlines()
+    assert lines[2:] == [
+        "| standby, demo job, killed 30 s after start | 7.5 s / - (n=2) |",
+        f"| {FLOOR_KIND}, demo job | 12.8 s / - (n=1) |",
+        f"| {FLOOR_KIND}, demo job, second Spark job running | 19.5 s / - (n=1) |",
+    ]
+    assert "7.90 (standby warming), 7.00" in spread(samples)

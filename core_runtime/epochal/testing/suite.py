@@ -183,7 +183,8 @@ class ConformanceSuite:
             (supervisor killed, zombie driver, random kills) and in a plain session under an
             outside restarter (driver killed, zombie driver, random kills).
         session_failures: with ``real_failures``, also the plain-session half (default);
-            off where another suite runs it for the same sink or source.
+            off where another suite runs it for the same sink or source, or for the same
+            contract (in a plain session the lease and the restarts are the runtime's).
         contract_checks: also run the contract checks of the contracts under test (no
             Spark; see :mod:`epochal.testing.contract_checks`).
     """
