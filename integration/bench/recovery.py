@@ -877,13 +877,15 @@ def main(argv: list[str] | None = None) -> int:
     # the peer of the counts job's shape, in its size columns, once on the quiet machine; the
     # demo job's peer in each of its scenarios' conditions (below)
     floor = pyspark_floor(args.floor if "counts" in args.workloads else 0, args.keys)
+    floored: set[bool] = set()
     try:
         for scenario in scenarios(args):
             with _neighbour(scenario, args, directory) as neighbour:
                 sizes = [0] if scenario.workload == "demo" else args.sizes.split(",")
                 for size in (int(s) for s in sizes):
                     samples += Bench(size, args, directory, scenario).run()
-                if scenario.workload == "demo":
+                if scenario.workload == "demo" and scenario.neighbour not in floored:
+                    floored.add(scenario.neighbour)  # once per condition: it has no state files
                     samples += demo_floor(args.floor, scenario)
             if neighbour is not None:
                 print("  " + neighbour.describe(), flush=True)
