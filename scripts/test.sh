@@ -27,4 +27,4 @@ phase "integration prerequisites" bash .ci/install-integration
 # faster driver starts (a JVM class-data archive; made once per machine, then kept)
 phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers start without it)"' "$PYTHON"
 phase "lint (ruff)" "$PYTHON" -m ruff check .
-phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=40 "$@"
+phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=100 "$@"
