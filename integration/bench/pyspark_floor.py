@@ -35,8 +35,9 @@ from typing import Any
 FORMAT = "pyspark-floor"
 SHAPES = ("counts", "demo")
 """The query shapes: the recovery benchmark's padded keyed count, or the demo's job."""
-SHUFFLE_PARTITIONS = {"counts": "2", "demo": "4"}
-"""Each shape's job's shuffle partitions (the demo's: an epochal driver's default)."""
+COUNTS_SHUFFLE_PARTITIONS = "2"
+"""The recovery benchmark's counts job's shuffle partitions, here and in its epochal job (the
+demo's: an epochal driver's default, ``epochal.driver.session.SHUFFLE_PARTITIONS``)."""
 DEMO_ROWS = 500
 """The demo's read limit per batch (``epochal.ops.demo``)."""
 
@@ -46,6 +47,7 @@ def session(shape: str = "counts") -> Any:
     without epochal."""
     from pyspark.sql import SparkSession
 
+    from epochal.driver.session import SHUFFLE_PARTITIONS
     from epochal.startup.classdata import driver_java_options
     from epochal.startup.home import use_fast_spark_home
 
@@ -54,7 +56,10 @@ def session(shape: str = "counts") -> Any:
         SparkSession.builder.master("local[2]")
         .appName("pyspark-floor")
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS[shape])
+        .config(
+            "spark.sql.shuffle.partitions",
+            SHUFFLE_PARTITIONS if shape == "demo" else COUNTS_SHUFFLE_PARTITIONS,
+        )
         .config(
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

@@ -293,7 +293,9 @@ class Bench:
 
             spark_conf.update(event_log_conf(self.events))
         if not self.demo:
-            spark_conf = {"spark.sql.shuffle.partitions": "2", **spark_conf}
+            from integration.bench.pyspark_floor import COUNTS_SHUFFLE_PARTITIONS
+
+            spark_conf = {"spark.sql.shuffle.partitions": COUNTS_SHUFFLE_PARTITIONS, **spark_conf}
         config = JobConfig(
             guarantee="exactly-once",
             snapshot_interval=1.0,

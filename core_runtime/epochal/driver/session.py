@@ -91,6 +91,11 @@ class SessionProfile:
         }
 
 
+SHUFFLE_PARTITIONS = "4"
+"""A driver's ``spark.sql.shuffle.partitions`` unless the job sets it (Spark's 200 would make
+a stateful job on a few cores open hundreds of state partitions a batch)."""
+
+
 def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     """A SparkSession for a profile (its master, state store and settings).
 
@@ -113,7 +118,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
 
     settings: dict[str, str] = {
         "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.shuffle.partitions": SHUFFLE_PARTITIONS,
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
