@@ -1,6 +1,7 @@
 # Quick start (a fresh machine with Python 3.11+ and Java 17):
 #   make demo   # the exactly-once demo with two hard driver kills
 #   make test   # the whole test suite: unit, Spark, conformance crash tests, integration
+#   make check  # the fast lane for the edit-test loop: lint, unit tests, contract checks
 #
 # Every tool runs as `<python> -m <tool>`, never as a console script found on PATH: pip puts
 # those in the interpreter's bin directory, which pyenv only sees after `pyenv rehash` and
@@ -13,7 +14,7 @@ PYTHON ?= python3
 RUN = $(shell $(PYTHON) scripts/install.py --python)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint
+.PHONY: install demo test lint check
 
 install:
 	$(PYTHON) scripts/install.py
@@ -26,3 +27,9 @@ test:
 
 lint: install
 	$(RUN) -m ruff check . && $(RUN) -m ruff format --check .
+
+# The edit-test loop (about a minute): lint, the unit tests, the map connector's tests and
+# the kit's contract checks (no Spark, no servers). `make test` is the whole suite.
+check: lint
+	$(RUN) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup -m "not spark" \
+		tests/unit tests/map tests/conformance

@@ -43,7 +43,16 @@ PACKAGES = [
         for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
     ),
 ]
-DEV_MODULES = ("pytest", "pytest_timeout", "ruff", "grpc", "grpc_status", "zstandard", "sphinx")
+DEV_MODULES = (
+    "pytest",
+    "pytest_timeout",
+    "xdist",
+    "ruff",
+    "grpc",
+    "grpc_status",
+    "zstandard",
+    "sphinx",
+)
 """Modules of the dev tools (the workspace's dev extras) that ``--check`` looks for."""
 
 

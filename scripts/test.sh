@@ -27,4 +27,11 @@ phase "integration prerequisites" bash .ci/install-integration
 # faster driver starts (a JVM class-data archive; made once per machine, then kept)
 phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers start without it)"' "$PYTHON"
 phase "lint (ruff)" "$PYTHON" -m ruff check .
-phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider --durations=100 "$@"
+# Two workers (pytest-xdist): a unit of work is a module, or one crash test of the kit, handed
+# out longest first (the root conftest.py); EPOCHAL_TEST_WORKERS=1 runs the suite serially.
+# integration.harness.timing prints where the slowest tests spend their time.
+workers="${EPOCHAL_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider -p integration.harness.timing \
+  "${parallel[@]}" "$@"

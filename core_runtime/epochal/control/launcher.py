@@ -62,6 +62,8 @@ class DriverProcess:
             :data:`~epochal.startup.warmup.KEEP_WARM_SECONDS` while it waits, or PySpark
             reaps its idle Python workers after a minute and its first batch forks them
             again (a pool driver, taken within seconds, need not).
+        warm_up: a warm driver runs the warm-up query before it reports ready (False: ready
+            once its SparkSession is up; its first batch then pays PySpark's first-use costs).
         on_event: called with every event but heartbeats (progress, ready, run).
     """
 
@@ -74,6 +76,7 @@ class DriverProcess:
         job: tuple[int, str, str] | None = None,
         on_event: EventHandler = _ignore,
         keep_warm: bool = False,
+        warm_up: bool = True,
     ) -> None:
         self.profile = profile
         self.token = processes.new_run_token()
@@ -89,7 +92,9 @@ class DriverProcess:
         files.makedirs(os.path.dirname(log_path))
         files.makedirs(run_dir)
         self._log: TextIO = files.open_private(log_path)  # closed in wait()
-        role = ["--standby", "--keep-warm"] if keep_warm else ["--standby"]
+        role = ["--standby", *(["--keep-warm"] if keep_warm else [])]
+        if not warm_up:
+            role.append("--no-warm-up")
         if job is not None:
             epoch, snapshot_dir, name = job
             role = ["--epoch", str(epoch), snapshot_dir, name]
@@ -239,10 +244,13 @@ class DriverPool:
         size: how many warm drivers to keep per profile.
         directory: where their logs and run records go, taken drivers' too (by default a
             temporary directory, removed by :meth:`close`).
+        warm_up: whether its drivers run the warm-up query before they are ready (see
+            :class:`DriverProcess`).
     """
 
-    def __init__(self, size: int = 1, directory: str | None = None) -> None:
+    def __init__(self, size: int = 1, directory: str | None = None, warm_up: bool = True) -> None:
         self.size = size
+        self.warm_up = warm_up
         self.directory = directory or tempfile.mkdtemp(prefix="epochal-pool-")
         self._own_directory = directory is None
         self._lock = threading.Lock()
@@ -303,6 +311,7 @@ class DriverPool:
                                 profile,
                                 f"{self.directory}/driver-{self._started}.log",
                                 f"{self.directory}/runs",
+                                warm_up=self.warm_up,
                             )
                         )
 

@@ -1,4 +1,5 @@
-"""``python -m epochal.driver (--epoch N SNAPSHOT_DIR JOB | --standby [--keep-warm])``: a
+"""``python -m epochal.driver (--epoch N SNAPSHOT_DIR JOB | --standby [--keep-warm |
+--no-warm-up])``: a
 driver process, started by a supervisor (:mod:`epochal.control.launcher`).
 
 The session profile comes as the first line of stdin, never on the command line: its Spark
@@ -33,11 +34,18 @@ def main() -> None:
     parser.add_argument(
         "--keep-warm", action="store_true", help="with --standby: stay warm while it waits"
     )
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="with --standby: ready once the session is up, without the warm-up query",
+    )
     args = parser.parse_args()
     if args.standby == (args.epoch is not None):
         parser.error("give exactly one of --epoch and --standby")
-    if args.keep_warm and not args.standby:
-        parser.error("--keep-warm is for a warm driver (--standby)")
+    if (args.keep_warm or args.no_warm_up) and not args.standby:
+        parser.error("--keep-warm and --no-warm-up are for a warm driver (--standby)")
+    if args.keep_warm and args.no_warm_up:
+        parser.error("a driver that keeps warm warms up (--keep-warm, not --no-warm-up)")
     if args.epoch is not None and not (args.snapshot_dir and args.job):
         parser.error("--epoch needs the snapshot directory and the job")
     profile = SessionProfile.from_json(sys.stdin.readline())
@@ -45,7 +53,9 @@ def main() -> None:
     supervision.start()
     driver = Driver(supervision, profile)
     job = None if args.standby else Promotion(args.epoch, args.snapshot_dir, args.job)
-    code = driver.main(job, args.launched or time.time(), keep_warm=args.keep_warm)
+    code = driver.main(
+        job, args.launched or time.time(), keep_warm=args.keep_warm, warm_up=not args.no_warm_up
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -89,9 +89,15 @@ class Driver:
         assert self.record is not None
         return self.record.job_config
 
-    def main(self, job: Promotion | None, launched: float, keep_warm: bool = False) -> int:
-        """Start the session; when ``job`` is None, warm up and wait to be promoted (with
-        ``keep_warm``, warming up again every
+    def main(
+        self,
+        job: Promotion | None,
+        launched: float,
+        keep_warm: bool = False,
+        warm_up: bool = True,
+    ) -> int:
+        """Start the session; when ``job`` is None, warm up (unless not ``warm_up``) and wait
+        to be promoted (with ``keep_warm``, warming up again every
         :data:`~epochal.startup.warmup.KEEP_WARM_SECONDS` while it waits); then run the job
         until done. Returns the exit code."""
         phases = self.current.phases = Phases(launched)
@@ -111,7 +117,8 @@ class Driver:
                 def promoted() -> bool:
                     return self.supervision.promoted
 
-                took = 0.0 if promoted() else warmup.warm_up(self.spark, stop_if=promoted)
+                skip = promoted() or not warm_up
+                took = 0.0 if skip else warmup.warm_up(self.spark, stop_if=promoted)
                 emit({"type": "ready", "warmup_s": round(took, 2)})
 
                 def stay_warm() -> None:

@@ -11,6 +11,7 @@ the contract checks that ran.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,13 @@ from typing import Any
 import pytest
 
 from epochal.control.launcher import DriverPool, use_pool
-from epochal.testing.points import CONTRACT_RESULTS, EXPECTED, coverage_rows
+from epochal.testing.points import (
+    CONTRACT_RESULTS,
+    EXPECTED,
+    ContractRow,
+    CoverageRow,
+    coverage_rows,
+)
 from epochal.testing.suite import ConformanceSuite
 
 POOL_ENV = "EPOCHAL_KIT_POOL"
@@ -64,13 +71,15 @@ def pytest_collection_finish(session: Any) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def epochal_driver_pool() -> Iterator[DriverPool | None]:
     """Warm drivers shared by the session's jobs (every ``Job.submit`` of this process with
-    a local master): a job starts on a driver that has its JVM, SparkSession and PySpark
-    workers up, and a whole-driver kill is recovered on the next warm one. Killing them is
-    as real as killing a cold one."""
+    a local master): a job starts on a driver that has its JVM and SparkSession up, and a
+    whole-driver kill is recovered on the next one. Killing them is as real as killing a
+    cold one. They skip the warm-up query (about 9 CPU seconds a driver, most of what a
+    driver costs before its first batch): the kit needs a driver started, not a fast first
+    batch, and on two cores the CPU is what the suite is short of."""
     if os.environ.get(POOL_ENV, "1") == "0":
         yield None
         return
-    pool = DriverPool(size=2)
+    pool = DriverPool(size=2, warm_up=False)
     use_pool(pool)
     try:
         yield pool
@@ -95,6 +104,38 @@ _reporter: Any = None
 def pytest_sessionstart(session: Any) -> None:
     global _reporter
     _reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    """Under pytest-xdist, a worker hands its rows to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["epochal_coverage"] = [
+            [*dataclasses.astuple(row), state] for row, state in EXPECTED.items()
+        ]
+        workeroutput["epochal_contracts"] = [
+            [*dataclasses.astuple(row), state] for row, state in CONTRACT_RESULTS.items()
+        ]
+
+
+#: When workers disagree on a row, the state that tells more wins.
+_STATE_RANK = {"not run": 0, "passed": 1, "FAILED": 2}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The xdist controller: merge the rows of a worker (every worker collects every
+    scenario, each runs some: a row run by one is ``not run`` on the others)."""
+    output = getattr(node, "workeroutput", {})
+    for *fields, state in output.get("epochal_coverage", []):
+        row = CoverageRow(*fields)
+        known = EXPECTED.get(row)
+        if known is None or _STATE_RANK.get(state, 1) > _STATE_RANK.get(known, 1):
+            EXPECTED[row] = state
+    for *fields, state in output.get("epochal_contracts", []):
+        contract = ContractRow(*fields)
+        if CONTRACT_RESULTS.get(contract) != "FAILED":
+            CONTRACT_RESULTS[contract] = state
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -1,0 +1,110 @@
+"""How the suite is spread over two workers (the root ``conftest.py``) and how its time is
+reported (``integration.harness.timing``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from integration.harness import timing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _root_conftest() -> Any:
+    spec = importlib.util.spec_from_file_location("epochal_root_conftest", ROOT / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class _Item:
+    nodeid: str
+    fixturenames: list[str] = field(default_factory=list)
+
+
+def test_a_module_is_one_unit_and_a_crash_test_of_the_kit_one_of_its_own() -> None:
+    conftest = _root_conftest()
+    a = _Item("tests/spark/test_plan.py::test_a")
+    b = _Item("tests/spark/test_plan.py::test_b")
+    case = _Item("tests/x/test_kit.py::Suite::test_crash_and_recover[points]", ["conformance_case"])
+    check = _Item("tests/x/test_kit.py::Suite::test_contract[replay]", ["contract_case"])
+    units = {conftest.work_unit(i) for i in (a, b)}
+    assert units == {"module:tests/spark/test_plan.py"}
+    assert conftest.work_unit(case) == f"case:{case.nodeid}"
+    assert conftest.work_unit(check) == "module:tests/x/test_kit.py"
+
+
+def test_units_go_out_longest_first_and_an_unknown_test_counts_one_second() -> None:
+    conftest = _root_conftest()
+    units = {
+        "module:short": [_Item("short::a"), _Item("short::b")],
+        "module:long": [_Item("long::a")],
+        "module:new": [_Item("new::a"), _Item("new::b"), _Item("new::c")],
+    }
+    known = {"short::a": 1.0, "short::b": 0.5, "long::a": 90.0}
+    assert conftest.order_by_cost(units, known) == ["module:long", "module:new", "module:short"]
+
+
+def test_the_durations_the_scheduler_reads_are_seconds_by_test() -> None:
+    durations = json.loads((ROOT / "tests" / "durations.json").read_text())
+    assert durations and all(isinstance(v, float | int) and v >= 0 for v in durations.values())
+    assert all("::" in k and "@" not in k.rsplit("]", 1)[-1] for k in durations)
+
+
+def test_xdist_s_group_suffix_is_taken_off_a_test_s_id() -> None:
+    assert timing._plain("t.py::test_x@module:t.py") == "t.py::test_x"
+    assert timing._plain("t.py::test_x[a@b]") == "t.py::test_x[a@b]"
+    assert timing._plain("t.py::test_x") == "t.py::test_x"
+
+
+def test_a_jvm_is_counted_for_the_test_whose_process_started_it(tmp_path: Path) -> None:
+    program = tmp_path / "Wait.java"  # a JVM that lives until this test has looked
+    program.write_text(
+        "class Wait { public static void main(String[] a) throws Exception { System.in.read(); } }"
+    )
+    sampler = timing._Sampler(current="t.py::test_starts_a_jvm")
+    stranger = timing._Sampler(current="t.py::other", root=0)  # no process descends from 0
+    java = subprocess.Popen(["java", str(program)], stdin=subprocess.PIPE)
+    try:
+        while java.pid not in sampler.jvms:
+            assert java.poll() is None, "the JVM ended before the sampler saw it"
+            sampler.sample()
+        stranger.sample()
+    finally:
+        java.communicate(b"\n", timeout=60)
+    assert sampler.jvms[java.pid].test == "t.py::test_starts_a_jvm"
+    assert java.pid not in stranger.jvms
+
+
+def test_the_report_names_the_slowest_tests_with_their_phases(tmp_path: Path) -> None:
+    times = tmp_path / "times.jsonl"
+    test_file = tmp_path / "test_two.py"
+    test_file.write_text(
+        "import time\n\ndef test_slow():\n    time.sleep(0.3)\n\ndef test_fast():\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "integration.harness.timing", str(test_file)],
+        cwd=ROOT,
+        env={**_env(), "EPOCHAL_TEST_TIMES": str(times), "EPOCHAL_SLOWEST": "5"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "slowest tests spend it" in result.stdout
+    rows = [json.loads(line) for line in times.read_text().splitlines()]
+    assert [r["test"].rsplit("::", 1)[-1] for r in rows] == ["test_slow", "test_fast"]
+    assert rows[0]["call"] >= 0.3 and rows[0]["setup"] >= 0 and rows[0]["jvms"] == {}
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
