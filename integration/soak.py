@@ -271,7 +271,7 @@ class Soak:
         return wanted
 
     def kill(self, kind: str) -> Kill:
-        from epochal.control import processes
+        from epochal.base import processes
 
         token = str(self.record().driver.get("token") or "")
         now = time.time()
@@ -432,7 +432,7 @@ class Soak:
             from epochal.state.jobs import JobDirectory
 
             lease = JobDirectory(self.snapshots, JOB).lease()
-            from epochal.control import processes
+            from epochal.base import processes
 
             for token in lease.tokens if lease else ():
                 processes.kill_run(str(token))

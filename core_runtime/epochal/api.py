@@ -9,9 +9,9 @@ from typing import Any
 from epochal.config import JobConfig
 from epochal.control.launcher import DriverPool
 from epochal.control.supervisor import Supervisor, request, submit
-from epochal.state.checkpoint import verify_job
 from epochal.state.jobs import JobDirectory, JobRecord
 from epochal.state.jobs import list_jobs as _list_jobs
+from epochal.state.manifests import verify_job
 
 
 class Job:

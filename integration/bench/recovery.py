@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal.control import processes
+from epochal.base import processes
 from epochal.driver.guards import SOURCE_RUNNER_MODULE
 from epochal.startup import statefiles
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from epochal import Job, JobConfig, JobStatus
-from epochal.control import processes
+from epochal.base import processes
 from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
 from epochal.driver.session import SessionProfile
 from epochal.parts import registry

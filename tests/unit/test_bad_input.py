@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from epochal import JobConfig
-from epochal.control import processes
+from epochal.base import processes
 from epochal.control.supervisor import Supervisor
-from epochal.ops import metrics
+from epochal.metrics import endpoint
 from epochal.parts import registry
 from epochal.parts.job_context import ENV_JOB, JobContext
 from epochal.spark.common import Part
@@ -344,20 +344,20 @@ def test_the_metrics_endpoint_bounds_its_threads_and_times_idle_sockets_out(
     """300 idle connections: the endpoint serves 8 (one thread each) and closes the rest at
     once; idle ones are closed after the connection timeout; a scrape is served after."""
     jobdir = _job(tmp_path / "snapshots", "scraped")
-    held = metrics.serve(jobdir, metrics.listen(0, timeout=300.0))
+    held = endpoint.serve(jobdir, endpoint.listen(0, timeout=300.0))
     address = held.server_address[:2]
     before = threading.active_count()
     idle = [socket.create_connection(address, timeout=30) for _ in range(300)]
     try:
-        refused = 300 - metrics.MAX_CONNECTIONS
+        refused = 300 - endpoint.MAX_CONNECTIONS
         _wait(lambda: sum(map(_closed_by_the_server, idle)) >= refused, "the extra connections")
-        assert threading.active_count() <= before + metrics.MAX_CONNECTIONS
+        assert threading.active_count() <= before + endpoint.MAX_CONNECTIONS
     finally:
         for sock in idle:
             sock.close()
         held.shutdown()
         held.server_close()
-    timed = metrics.serve(jobdir, metrics.listen(0, timeout=0.5))
+    timed = endpoint.serve(jobdir, endpoint.listen(0, timeout=0.5))
     address = timed.server_address[:2]
     try:
         quiet = [socket.create_connection(address, timeout=30) for _ in range(3)]

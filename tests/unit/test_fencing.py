@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from epochal.base.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
 from epochal.config import JobConfig
 from epochal.control.failures import FENCED, KINDS, Failure, classify, identify
-from epochal.control.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
 from epochal.state.jobs import JobDirectory, JobError, JobRecord
 from epochal.state.lease import new_owner
 from epochal.state.store import put_record
@@ -100,7 +100,7 @@ def test_a_driver_dies_with_its_supervisor(tmp_path: Path) -> None:
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", '''
         import os, signal, time
-        from epochal.control.processes import die_with_parent
+        from epochal.base.processes import die_with_parent
         assert die_with_parent(signal.SIGKILL)
         print(os.getpid(), flush=True)
         time.sleep(60)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from epochal.base import processes
+from epochal.base.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.config import JobConfig
-from epochal.control import processes
-from epochal.control.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.control.supervisor import request
 from epochal.parts.job_context import JobContext
 from epochal.state.jobs import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal.control.fault_plan import DRIVER_POINTS, FaultPlan
+from epochal.base.fault_plan import DRIVER_POINTS, FaultPlan
 from epochal.parts import registry
 from epochal.protocols.acking import ID_COLUMN, AckProtocol, MemoryAcks, decode_batch
 from epochal.state.store import SnapshotStore

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal.control import processes
+from epochal.base import processes
 from epochal.control.lease_keeper import DriverProcess, Keeper, LeaseNotHeldError, hold
 from epochal.control.supervisor import Supervisor, request
 from epochal.ops.status import job_status

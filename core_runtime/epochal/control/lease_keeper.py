@@ -42,9 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from epochal.base import files, processes
 from epochal.config import JobConfig
-from epochal.control import processes
-from epochal.state import files
 from epochal.state.layout import JobLayout
 from epochal.state.lease import LEASE_TTL, SESSION, new_owner
 from epochal_sdk import EpochalError, FencedError, Guarantee

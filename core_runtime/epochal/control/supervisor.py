@@ -27,13 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from epochal.base import files, processes
 from epochal.config import JobConfig
-from epochal.control import processes, restart
+from epochal.control import restart
 from epochal.control.launcher import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
 from epochal.control.messages import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
 from epochal.driver.session import SessionProfile
-from epochal.state import files
-from epochal.state.checkpoint import verify_job
 from epochal.state.jobs import (
     JobDirectory,
     JobError,
@@ -44,6 +43,7 @@ from epochal.state.jobs import (
 )
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease import new_owner
+from epochal.state.manifests import verify_job
 from epochal_sdk import FencedError, SnapshotError
 
 Reporter = Callable[[str], None]
@@ -115,9 +115,9 @@ class Supervisor:
         metrics_port: serve the job's metrics (Prometheus text) at
             ``http://<metrics_host>:<port>/metrics`` while supervising (0: a free port;
             None: no endpoint). The port is bound here, before anything of the job is
-            written: a busy port is a ``ConfigError`` at once. See :mod:`epochal.ops.metrics`.
+            written: a busy port is a ``ConfigError`` at once. See :mod:`epochal.metrics`.
         metrics_host: the address the metrics endpoint listens on.
-        metrics_endpoint: a server already bound (:func:`epochal.ops.metrics.listen`)
+        metrics_endpoint: a server already bound (:func:`epochal.metrics.endpoint.listen`)
             instead of ``metrics_port`` (the CLI binds it before it writes the job's record).
     """
 
@@ -138,7 +138,7 @@ class Supervisor:
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.metrics_url: str | None = None
         if metrics_endpoint is None and metrics_port is not None:
-            from epochal.ops.metrics import listen
+            from epochal.metrics.endpoint import listen
 
             metrics_endpoint = listen(metrics_port, metrics_host)
         self.metrics_endpoint = metrics_endpoint
@@ -221,7 +221,7 @@ class Supervisor:
         """Start the metrics endpoint, if asked for (bound when this supervisor was made)."""
         if self.metrics_endpoint is None:
             return None
-        from epochal.ops.metrics import serve
+        from epochal.metrics.endpoint import serve
 
         server = serve(self.jobdir, self.metrics_endpoint)
         host, port = server.server_address[:2]

@@ -13,11 +13,11 @@ import os
 import sys
 import time
 
+from epochal.base import files
 from epochal.control.messages import Promotion
 from epochal.driver.guards import Supervision
 from epochal.driver.run import Driver
 from epochal.driver.session import SessionProfile
-from epochal.state import files
 
 
 def main() -> None:

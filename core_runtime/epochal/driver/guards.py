@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from epochal.base import processes
 from epochal.config import JobConfig
-from epochal.control import processes
 from epochal.control.failures import STOPPED_ON_ITS_OWN_MARK, failure_text
 from epochal.control.messages import HEARTBEAT_SECONDS, Promotion, emit
 from epochal.driver.session import (

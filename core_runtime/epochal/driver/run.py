@@ -21,10 +21,11 @@ import time
 import traceback
 from typing import Any
 
+from epochal.base import processes, secrets
+from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control import processes, restart
+from epochal.control import restart
 from epochal.control.failures import FENCED, Failure, identify, summary_of
-from epochal.control.fault_plan import FaultPlan
 from epochal.control.messages import (
     EXIT_DONE,
     EXIT_FATAL,
@@ -52,7 +53,6 @@ from epochal.driver.session import (
     spark_session,
     wait_for_idle,
 )
-from epochal.parts import secrets
 from epochal.parts.spark_plan import UnreadablePlanError, judge, part_records, read_query
 from epochal.state.fence import Fence, checkpoint_location, state_dir
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from epochal.control import processes
-from epochal.parts import secrets
+from epochal.base import processes, secrets
 from epochal.parts.job_context import (
     ENV_ALLOW_DOWNGRADE,
     ENV_FAULTS,
@@ -102,7 +101,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     The profile's ``${env:NAME}``/``${file:PATH}`` references are resolved here, in the
     driver process. PySpark passes every setting it has before the JVM starts on the JVM's
     command line (``spark-submit --conf k=v``), which every user of the host can read; so a
-    setting that is a reference or holds a secret (:func:`~epochal.parts.secrets.
+    setting that is a reference or holds a secret (:func:`~epochal.base.secrets.
     is_secret_setting`) is given to Spark only once the JVM runs, through PySpark's gateway,
     before the SparkContext is made (what the context reads at its creation, ``spark.hadoop.*``
     included, acts as if it had been on the command line). Settings read when the JVM is
@@ -159,7 +158,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
 def private_settings(conf: dict[str, str]) -> dict[str, str]:
     """The settings of ``conf`` that must stay off the JVM's command line, resolved: those
     given as ``${env:NAME}``/``${file:PATH}`` references and those that hold a secret
-    (:func:`~epochal.parts.secrets.is_secret_setting`). Raises ``ConfigError`` for a
+    (:func:`~epochal.base.secrets.is_secret_setting`). Raises ``ConfigError`` for a
     reference that cannot be resolved in this process (naming the setting)."""
     return {
         key: secrets.resolve(key, value)

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
+from epochal.base import files
 from epochal.config import CONNECT_DOC, SPARK_CONNECT_ADVICE, is_spark_connect_url
-from epochal.state import files
 from epochal_sdk import EpochalError
 
 DEFAULT_SNAPSHOT_DIR = os.environ.get("EPOCHAL_SNAPSHOT_DIR", "./epochal-snapshots")
@@ -149,7 +149,7 @@ def _metrics_endpoint(args: argparse.Namespace) -> Any:
     port = getattr(args, "metrics_port", None)
     if port is None:
         return None
-    from epochal.ops.metrics import listen
+    from epochal.metrics.endpoint import listen
 
     return listen(port, getattr(args, "metrics_host", None) or "127.0.0.1")
 
@@ -211,7 +211,7 @@ def _jobdir(args: argparse.Namespace) -> Any:
 
 def _jobs(args: argparse.Namespace) -> int:
     from epochal.control.supervisor import request
-    from epochal.state.checkpoint import verify_job
+    from epochal.state.manifests import verify_job
 
     action = args.action
     if action == "list":
@@ -230,7 +230,7 @@ def _jobs(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2, default=str) if args.json else render(status))
         return 0
     if action == "metrics":
-        from epochal.ops.metrics import render_prometheus
+        from epochal.metrics.exposition import render_prometheus
 
         print(render_prometheus(jobdir), end="")
         return 0

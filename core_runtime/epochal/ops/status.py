@@ -88,9 +88,9 @@ def standby_state(supervisor: dict[str, Any], now: float) -> dict[str, Any] | No
 
 
 def _metrics(jobdir: JobDirectory) -> dict[str, Any]:
-    """The parts' metrics (see :mod:`epochal.ops.metrics`); empty when there are none."""
+    """The parts' metrics (see :mod:`epochal.metrics`); empty when there are none."""
     try:
-        from epochal.ops.metrics import summary
+        from epochal.metrics.exposition import summary
 
         return summary(jobdir)
     except Exception as exc:  # status must show even when metrics cannot be read

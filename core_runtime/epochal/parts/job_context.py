@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from epochal.base.fault_plan import FaultPlan
+from epochal.base.processes import RUN_TOKEN_ENV
 from epochal.control import lease_keeper as session_lease
-from epochal.control.fault_plan import FaultPlan
 from epochal.control.lease_keeper import DriverProcess
-from epochal.control.processes import RUN_TOKEN_ENV
 from epochal.state.fence import Fence, state_dir
 from epochal.state.layout import JobLayout
 from epochal.state.run_records import RUN_DIR_ENV, read_run_record

@@ -123,7 +123,7 @@ def read_batch(
 
 
 class _Measured:
-    """What a protocol measured since the reader last reported (see :mod:`epochal.ops.metrics`)."""
+    """What a protocol measured since the reader last reported (see :mod:`epochal.metrics`)."""
 
     def __init__(self) -> None:
         self.measured: dict[str, float] = {}

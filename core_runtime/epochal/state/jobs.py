@@ -31,9 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from epochal.base import files, processes
 from epochal.config import JobConfig, check_snapshot_dir
-from epochal.control import processes
-from epochal.state import files
 from epochal.state.fence import Fence, read_lease
 from epochal.state.layout import (
     DRIVERS,

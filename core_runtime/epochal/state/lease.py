@@ -21,7 +21,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from epochal.control import processes
+from epochal.base import processes
 
 LEASE_TTL = 20.0
 """Default lease time-to-live (seconds); a job's ``lease_ttl`` setting overrides it."""

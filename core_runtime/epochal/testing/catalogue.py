@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from epochal.control.fault_plan import Fault
+from epochal.base.fault_plan import Fault
 from epochal.control.launcher import DriverPool
 from epochal.parts import registry
 from epochal.testing.broker import TestBroker

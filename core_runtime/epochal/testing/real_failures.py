@@ -11,9 +11,9 @@ import subprocess
 import sys
 import time
 
+from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control import processes
-from epochal.control.fault_plan import FaultPlan
 from epochal.control.supervisor import submit
 from epochal.protocols.two_phase import recorded_decisions
 from epochal.state.jobs import JobDirectory, JobRecord

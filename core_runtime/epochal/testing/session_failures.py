@@ -28,8 +28,8 @@ import sys
 import time
 from typing import Any
 
-from epochal.control import processes
-from epochal.control.fault_plan import FaultPlan
+from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.real_failures import check_zombie_wrote_nothing

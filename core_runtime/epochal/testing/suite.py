@@ -9,7 +9,7 @@ independent reader: exactly-once means 0 lost, 0 duplicated, nothing left prepar
 unacknowledged; at-least-once means 0 lost.
 
 Each test is a :class:`Scenario`: one job run that goes through a *sequence* of failures, one
-after another (see :mod:`epochal.control.fault_plan`), so a handful of job runs cover every
+after another (see :mod:`epochal.base.fault_plan`), so a handful of job runs cover every
 crash point:
 
 ``points``          every crash point of the contracts under test, for each guarantee and
@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
+from epochal.base.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
 from epochal.control.launcher import DriverPool
 from epochal.state.jobs import JobStatus
 from epochal.testing.contract_checks import ContractCheck, Subject, checks_of, sql_record_ids

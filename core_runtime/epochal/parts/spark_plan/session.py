@@ -13,12 +13,11 @@ import os
 import time
 from typing import Any
 
-from epochal.control import processes
+from epochal.base import files, processes
 from epochal.control.lease_keeper import DriverProcess
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan.judgement import PartResult, Verdict, below, refusal_message
 from epochal.parts.spark_plan.reading import read_started_query
-from epochal.state import files
 from epochal.state.layout import JobLayout
 from epochal_sdk import Guarantee
 
