@@ -47,7 +47,7 @@ JVM_LAUNCH_SETTINGS = frozenset(
 """Spark settings (lower case) that act when the driver's JVM is launched, so PySpark can
 only give them on its command line (``spark-submit --conf k=v``), which every user of the
 host can read (``/proc/<pid>/cmdline``). Every other setting reaches the JVM after it
-started, through PySpark's gateway (:func:`epochal.driver.session.spark_session`)."""
+started, through PySpark's gateway (:func:`epochal.startup.session.spark_session`)."""
 
 
 def check_snapshot_dir(snapshot_dir: str) -> None:

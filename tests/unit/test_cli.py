@@ -12,7 +12,7 @@ from pathlib import Path
 
 from epochal import JobConfig
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
-from epochal.state.lease import new_owner
+from epochal.state.lease.record import new_owner
 from epochal.state.store import put_record
 
 

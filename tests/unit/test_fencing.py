@@ -20,7 +20,7 @@ from epochal.base.processes import RUN_TOKEN_ENV, kill_run, new_run_token, proce
 from epochal.config import JobConfig
 from epochal.control.failures import FENCED, KINDS, Failure, classify, identify
 from epochal.state.jobs import JobDirectory, JobError, JobRecord
-from epochal.state.lease import new_owner
+from epochal.state.lease.record import new_owner
 from epochal.state.store import put_record
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from epochal.state.jobs import (
     LeaseLostError,
     list_jobs,
 )
-from epochal.state.lease import new_owner
+from epochal.state.lease.record import new_owner
 from epochal.state.store import StateMovedError, get_record, put_record
 from epochal_sdk import FencedError
 

@@ -25,9 +25,15 @@ import pytest
 from epochal.config import JobConfig
 from epochal.state import jobs, layout, objectstore
 from epochal.state.checkpoint import Checkpoint
-from epochal.state.fence import LEASE_RECORD, Fence, checkpoint_location, state_dir, state_location
 from epochal.state.jobs import JobDirectory, JobError, JobRecord, LeaseHeldError, LeaseLostError
-from epochal.state.lease import new_owner
+from epochal.state.lease.fence import (
+    LEASE_RECORD,
+    Fence,
+    checkpoint_location,
+    state_dir,
+    state_location,
+)
+from epochal.state.lease.record import new_owner
 from epochal.state.manifests import verify_job
 from epochal.state.store import (
     EntryExistsError,

@@ -21,14 +21,15 @@ import pyarrow as pa
 import pytest
 
 from epochal.base import processes
-from epochal.control.lease_keeper import DriverProcess, Keeper, LeaseNotHeldError, hold
+from epochal.control.lease_keeper import Keeper
 from epochal.control.supervisor import Supervisor, request
 from epochal.ops.status import job_status
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory, JobError, JobStatus
 from epochal.state.layout import JobLayout
-from epochal.state.lease import SESSION
+from epochal.state.lease.record import SESSION
+from epochal.state.lease.session import DriverJvm, LeaseNotHeldError, hold
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
@@ -59,15 +60,15 @@ def _wait(condition: Callable[[], object], what: str, timeout: float = 30.0) -> 
 
 
 @pytest.fixture
-def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]]:
+def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]]:
     """Start stand-ins for driver JVMs; all are killed at the end."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start() -> tuple[subprocess.Popen[bytes], DriverProcess]:
+    def start() -> tuple[subprocess.Popen[bytes], DriverJvm]:
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         started.append(proc)
         _wait(lambda: processes.start_ticks(proc.pid), "the driver to start")
-        return proc, DriverProcess(proc.pid, processes.start_ticks(proc.pid) or 0)
+        return proc, DriverJvm(proc.pid, processes.start_ticks(proc.pid) or 0)
 
     yield start
     for proc in started:
@@ -77,13 +78,13 @@ def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverProc
         proc.wait()
 
 
-def _context(snapshots: str, driver: DriverProcess) -> JobContext:
+def _context(snapshots: str, driver: DriverJvm) -> JobContext:
     """What a data source of the query builds on the driver (its options give the job)."""
     options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
     return JobContext.current(options).holding_the_lease(options, driver)
 
 
-def _keeper(snapshots: str, driver: DriverProcess) -> int:
+def _keeper(snapshots: str, driver: DriverJvm) -> int:
     return hold(JobLayout(snapshots, JOB), Guarantee.EXACTLY_ONCE, TTL, driver).keeper
 
 
@@ -103,7 +104,7 @@ def test_a_bad_job_name_is_refused_before_anything_is_written(tmp_path: Path) ->
 
 
 def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     snapshots = str(tmp_path / "snapshots")
     first_proc, first = drivers()
@@ -139,7 +140,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
 
 
 def test_a_live_driver_keeps_the_job_from_a_second_one(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     snapshots = str(tmp_path / "snapshots")
     _, first = drivers()
@@ -152,7 +153,7 @@ def test_a_live_driver_keeps_the_job_from_a_second_one(
 
 
 def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     """The split brain of a restart policy: the driver is partitioned (its JVM and its
     keeper stopped), a new driver takes the job over once the lease expired and prepares a
@@ -221,7 +222,7 @@ def test_a_lease_is_refused_where_it_cannot_be_swapped_atomically(tmp_path: Path
     keeper = Keeper(
         "mock:///snapshots",
         JOB,
-        DriverProcess.current(),
+        DriverJvm.current(),
         Guarantee.EXACTLY_ONCE,
         TTL,
         str(tmp_path / "record.json"),

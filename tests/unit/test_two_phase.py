@@ -12,9 +12,9 @@ import pytest
 from epochal.config import JobConfig
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
-from epochal.state.fence import LEASE_RECORD
 from epochal.state.jobs import JobDirectory, JobRecord
-from epochal.state.lease import new_owner
+from epochal.state.lease.fence import LEASE_RECORD
+from epochal.state.lease.record import new_owner
 from epochal.state.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from epochal.base import files, processes
 from epochal.control.messages import Promotion, read_event
-from epochal.driver.session import SessionProfile
+from epochal.startup.session import SessionProfile
 from epochal.state.run_records import RUN_DIR_ENV, forget_run_record
 
 EventHandler = Callable[["DriverProcess", dict[str, Any]], None]

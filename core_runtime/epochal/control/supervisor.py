@@ -4,10 +4,11 @@ when asked to.
 
 One supervisor owns a job at a time: it holds the job's lease, renews it while its driver is
 healthy (the driver's heartbeats arrive on its stdout), and gives every driver it starts a
-new lease epoch, so whatever an earlier driver left behind is fenced (:mod:`epochal.state.fence`).
-Before a new driver starts, every process of the previous one (its JVM and PySpark daemons
-included) is gone. A supervisor that loses its lease (it was paused past its TTL and another
-one took over) kills its drivers and stops without touching the job's record.
+new lease epoch, so whatever an earlier driver left behind is fenced
+(:mod:`epochal.state.lease.fence`). Before a new driver starts, every process of the previous one
+(its JVM and PySpark daemons included) is gone. A supervisor that loses its lease (it was paused
+past its TTL and another one took over) kills its drivers and stops without touching the job's
+record.
 
 Locally the supervisor outlives the driver, so a killed driver is restarted. If the
 supervisor itself dies, its driver dies with it, and ``python -m epochal jobs resume NAME``
@@ -32,7 +33,7 @@ from epochal.config import JobConfig
 from epochal.control import restart
 from epochal.control.launcher import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
 from epochal.control.messages import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
-from epochal.driver.session import SessionProfile
+from epochal.startup.session import SessionProfile
 from epochal.state.jobs import (
     JobDirectory,
     JobError,
@@ -42,7 +43,7 @@ from epochal.state.jobs import (
     LeaseLostError,
 )
 from epochal.state.layout import LEASE_RECORD
-from epochal.state.lease import new_owner
+from epochal.state.lease.record import new_owner
 from epochal.state.manifests import verify_job
 from epochal_sdk import FencedError, SnapshotError
 

@@ -17,7 +17,7 @@ from epochal.base import files
 from epochal.control.messages import Promotion
 from epochal.driver.guards import Supervision
 from epochal.driver.run import Driver
-from epochal.driver.session import SessionProfile
+from epochal.startup.session import SessionProfile
 
 
 def main() -> None:

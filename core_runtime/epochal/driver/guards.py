@@ -30,9 +30,9 @@ from epochal.driver.session import (
     running_jobs,
     wait_for_executors,
 )
-from epochal.state.fence import Fence
 from epochal.state.jobs import JobDirectory
-from epochal.state.lease import LEASE_TTL
+from epochal.state.lease.fence import Fence
+from epochal.state.lease.record import LEASE_TTL
 
 
 def self_destruct(reason: str) -> None:

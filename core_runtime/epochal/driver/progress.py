@@ -16,8 +16,8 @@ from typing import Any
 
 from epochal.base.fault_plan import FaultPlan
 from epochal.control.messages import emit
-from epochal.state.fence import Fence
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease.fence import Fence
 from epochal.state.manifests import record_manifest
 from epochal_sdk import FencedError
 

@@ -46,16 +46,15 @@ from epochal.driver.guards import (
 from epochal.driver.progress import Phases, ProgressReporter, RunState, make_listener
 from epochal.driver.session import (
     PlannerKeeper,
-    SessionProfile,
     job_environment,
     load_target,
     session_alive,
-    spark_session,
     wait_for_idle,
 )
 from epochal.parts.spark_plan import UnreadablePlanError, judge, part_records, read_query
-from epochal.state.fence import Fence, checkpoint_location, state_dir
+from epochal.startup.session import SessionProfile, spark_session
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease.fence import Fence, checkpoint_location, state_dir
 from epochal.state.run_records import RUN_DIR_ENV, write_run_record
 from epochal.state.store import SnapshotStore
 from epochal_sdk import FencedError

@@ -4,7 +4,7 @@ Any process that can read the snapshot directory can find a job by name, see its
 resume it. The lease makes sure only one supervisor runs a job, and only one driver acts for
 it: every driver run takes a new lease epoch (the fencing token), the supervisor renews the
 lease while its driver is healthy, and taking the job over moves the job's state to the new
-epoch (see :mod:`epochal.state.fence`).
+epoch (see :mod:`epochal.state.lease.fence`).
 
 The layout of a job directory is :class:`~epochal.state.layout.JobLayout`'s.
 
@@ -13,7 +13,7 @@ writes instead of being written under a lock file: the lease with a compare-and-
 version (whoever swaps first owns the job; the other re-reads and is refused, or waits), the
 record as a read-modify-write that is retried when another writer changed it meanwhile. The
 state stays at ``<job>/state/{checkpoint,store}`` (nothing is renamed; see
-:mod:`epochal.state.fence`).
+:mod:`epochal.state.lease.fence`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from typing import Any
 
 from epochal.base import files, processes
 from epochal.config import JobConfig, check_snapshot_dir
-from epochal.state.fence import Fence, read_lease
 from epochal.state.layout import (
     DRIVERS,
     EPOCHS,
@@ -43,7 +42,8 @@ from epochal.state.layout import (
     SESSIONS,
     JobLayout,
 )
-from epochal.state.lease import LEASE_TTL, SUPERVISOR, Lease
+from epochal.state.lease.fence import Fence, read_lease
+from epochal.state.lease.record import LEASE_TTL, SUPERVISOR, Lease
 from epochal.state.objectstore import SHARED_STATE
 from epochal.state.store import (
     RecordChangedError,

@@ -19,8 +19,8 @@ from epochal.state.store import SnapshotStore
 from epochal_sdk import SnapshotError
 
 if TYPE_CHECKING:
-    from epochal.state.fence import Fence
     from epochal.state.jobs import JobDirectory
+    from epochal.state.lease.fence import Fence
 
 MANIFESTS = "checkpoint"
 """The snapshot store's directory of checkpoint manifests (one entry per batch)."""

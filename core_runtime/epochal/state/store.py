@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 from epochal.base import files
 from epochal.state import objectstore
 from epochal.state.layout import LEASE_RECORD
-from epochal.state.lease import Lease
+from epochal.state.lease.record import Lease
 from epochal_sdk import FencedError, SnapshotError
 
 MAGIC = b"EPS1 "

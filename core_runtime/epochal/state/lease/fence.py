@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from epochal.state import objectstore
 from epochal.state.checkpoint import Checkpoint
 from epochal.state.layout import EPOCHS, LEASE_RECORD
-from epochal.state.lease import Lease
+from epochal.state.lease.record import Lease
 from epochal.state.store import SnapshotStore, get_record
 from epochal_sdk import FencedError
 

@@ -4,8 +4,8 @@ A job's lease (``<job>/lease.json``, see :class:`~epochal.state.layout.JobLayout
 holder: a supervisor (``epochal run``) or a driver that started the job's query itself in a
 plain SparkSession (under YARN, Kubernetes, a restart loop, a Spark Connect server: see
 :mod:`epochal.control.lease_keeper`). Every take-over writes a greater *epoch*, the fencing token
-that every protocol step checks (:mod:`epochal.state.fence`). The holder renews the lease; a new
-holder waits until it expired (its TTL after the last renewal), or takes it at once when it
+that every protocol step checks (:mod:`epochal.state.lease.fence`). The holder renews the lease; a
+new holder waits until it expired (its TTL after the last renewal), or takes it at once when it
 can prove the old holder dead (same host, its process gone).
 
 This module owns the record's format; :class:`~epochal.state.jobs.JobDirectory` swaps it (under a
