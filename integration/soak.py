@@ -241,7 +241,7 @@ class Soak:
     def committed_after(self, moment: float) -> float | None:
         """When the first batch committed after ``moment`` was (None: none yet, or the
         supervisor has not submitted the job yet)."""
-        from epochal.state.jobs import JobError
+        from epochal.state.locks import JobError
 
         try:
             progress = self.record().progress
@@ -431,7 +431,7 @@ class Soak:
         with contextlib.suppress(Exception):
             from epochal.state.jobs import JobDirectory
 
-            lease = JobDirectory(self.snapshots, JOB).lease()
+            lease = JobDirectory(self.snapshots, JOB).lease.read()
             from epochal.base import processes
 
             for token in lease.tokens if lease else ():

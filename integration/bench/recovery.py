@@ -380,7 +380,7 @@ class Bench:
         else:
             if kind == "cold":
                 standby = (record.supervisor or {}).get("standby_pid")
-                lease = self.job.jobdir.lease()
+                lease = self.job.jobdir.lease.read()
                 for other in lease.tokens if lease else ():
                     if other != token:
                         processes.signal_run(str(other), signal.SIGKILL)

@@ -52,7 +52,7 @@ def test_list_and_settle_in_doubt_transactions(
     assert f"{undecided.transaction_id}  batch 2" in listed and "undecided: roll back" in listed
 
     submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)))
-    JobDirectory(str(snapshots), JOB).acquire_lease("a-live-supervisor")
+    JobDirectory(str(snapshots), JOB).lease.acquire("a-live-supervisor")
     assert main(_args("settle", postgres_db, snapshots)) == 2
     assert "settling now would roll back" in capsys.readouterr().err
 

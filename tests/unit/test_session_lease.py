@@ -26,10 +26,11 @@ from epochal.control.supervisor import Supervisor, request
 from epochal.ops.status import job_status
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.state.jobs import JobDirectory, JobError, JobStatus
+from epochal.state.jobs import JobDirectory, JobStatus
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import SESSION
 from epochal.state.lease.session import DriverJvm, LeaseNotHeldError, hold
+from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
@@ -112,7 +113,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert (context.lease_epoch, context.run) == (1, 1)
     assert context.fence.active and context.state_dir == f"{snapshots}/{JOB}/epochs/1"
     jobdir = JobDirectory(snapshots, JOB)
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     assert lease is not None and lease.holder == SESSION and lease.pid == first.pid
     record = jobdir.load()  # the query wrote its own job record
     assert record.status == JobStatus.RUNNING and record.run == 1
@@ -123,7 +124,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert shown["status"] == "RUNNING" and shown["lease"]["holder"] == SESSION
 
     first_proc.kill()  # the restarter's restart: the old driver is gone
-    _wait(lambda: jobdir.lease().renewed == 0.0, "the keeper to release the lease")
+    _wait(lambda: jobdir.lease.read().renewed == 0.0, "the keeper to release the lease")
     shown = job_status(jobdir)
     assert shown["status"] == "ORPHANED" and "restarter" in shown["hint"], shown
     with pytest.raises(JobError, match="start that application again"):
@@ -149,7 +150,7 @@ def test_a_live_driver_keeps_the_job_from_a_second_one(
     with pytest.raises(LeaseNotHeldError) as info:
         _context(snapshots, second)
     assert f"pid {first.pid}" in str(info.value) and "Stop the other driver" in str(info.value)
-    assert JobDirectory(snapshots, JOB).lease_epoch() == 1
+    assert JobDirectory(snapshots, JOB).lease.epoch() == 1
 
 
 def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
@@ -218,7 +219,7 @@ def test_a_lease_is_refused_where_it_cannot_be_swapped_atomically(tmp_path: Path
     pyarrow's in-memory one; HDFS, GCS through pyarrow alike) holds no lease: refused."""
     jobdir = JobDirectory("mock:///snapshots", JOB)
     with pytest.raises(JobError, match="cannot swap the job's lease atomically"):
-        jobdir.acquire_lease("someone")
+        jobdir.lease.acquire("someone")
     keeper = Keeper(
         "mock:///snapshots",
         JOB,

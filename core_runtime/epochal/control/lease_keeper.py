@@ -11,7 +11,7 @@ JVM, and a *lease keeper* process renews it while the JVM lives:
   TTL; a holder proven dead (same host, its JVM gone) is taken over at once. A holder that
   keeps renewing keeps the job: the new driver's query is refused with a message that names
   the holder. Taking the lease moves the job's state to the new epoch
-  (:meth:`~epochal.state.jobs.JobDirectory.acquire_lease`), so whatever an older driver writes
+  (:meth:`~epochal.state.lease.swaps.JobLease.acquire`), so whatever an older driver writes
   through its old paths lands nowhere, and every protocol step of the older driver checks
   the lease's epoch first (:mod:`epochal.state.lease.fence`).
 - **the run**: the keeper starts a new run in the job's record (``job.json``: created if
@@ -75,14 +75,15 @@ class Keeper:
 
     def take(self) -> bool:
         """Take the lease (waiting out a live holder); False when it was not to be had."""
-        from epochal.state.jobs import JobError, LeaseHeldError
+        from epochal.state.lease.swaps import LeaseHeldError
+        from epochal.state.locks import JobError
 
         deadline = None
         while True:
             if not self.driver.alive:
                 return False
             try:
-                self.epoch = self.jobdir.acquire_lease(
+                self.epoch = self.jobdir.lease.acquire(
                     self.owner, ttl=self.ttl, holder=SESSION, pid=self.driver.pid
                 )
                 return True
@@ -151,7 +152,7 @@ class Keeper:
 
     def keep(self) -> int:
         """Renew until the driver ends (release) or the lease is lost (stop the driver)."""
-        from epochal.state.jobs import JobError
+        from epochal.state.locks import JobError
         from epochal_sdk import SnapshotError
 
         last_renewed = time.monotonic()
@@ -163,7 +164,7 @@ class Keeper:
             now = time.monotonic()
             if now >= next_renewal:
                 try:
-                    if not self.jobdir.renew_lease(self.owner, self.epoch, ttl=self.ttl):
+                    if not self.jobdir.lease.renew(self.owner, self.epoch, ttl=self.ttl):
                         return self.stop_driver("another driver took the job's lease over")
                     last_renewed = now
                 except (JobError, SnapshotError, OSError) as exc:
@@ -190,7 +191,7 @@ class Keeper:
     def ended(self, why: str) -> None:
         """The driver ended: give the lease up (its successor takes over at once), note how
         the run ended, forget the driver's record."""
-        from epochal.state.jobs import JobError
+        from epochal.state.locks import JobError
 
         fence = self.jobdir.fence(self.epoch)
         with contextlib.suppress(JobError, FencedError, OSError), self.jobdir.update(fence) as run:
@@ -199,7 +200,7 @@ class Keeper:
                 entry["ended"] = time.time()
                 entry["outcome"] = why
         with contextlib.suppress(JobError, OSError):
-            self.jobdir.release_lease(self.owner)
+            self.jobdir.lease.release(self.owner)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.record)
         self.say(f"{why}: lease released")

@@ -34,16 +34,11 @@ from epochal.control import restart
 from epochal.control.launcher import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
 from epochal.control.messages import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
 from epochal.startup.session import SessionProfile
-from epochal.state.jobs import (
-    JobDirectory,
-    JobError,
-    JobRecord,
-    JobStatus,
-    LeaseHeldError,
-    LeaseLostError,
-)
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease.record import new_owner
+from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
+from epochal.state.locks import JobError
 from epochal.state.manifests import verify_job
 from epochal_sdk import FencedError, SnapshotError
 
@@ -216,7 +211,7 @@ class Supervisor:
                 if driver is not None:
                     driver.kill()
             if not self.lost.is_set() and self.unrenewable is None:
-                self.jobdir.release_lease(self.owner)
+                self.jobdir.lease.release(self.owner)
 
     def _serve_metrics(self) -> Any:
         """Start the metrics endpoint, if asked for (bound when this supervisor was made)."""
@@ -234,7 +229,7 @@ class Supervisor:
         deadline = None
         while True:
             try:
-                return self.jobdir.acquire_lease(
+                return self.jobdir.lease.acquire(
                     self.owner, ttl=self.config.lease_ttl, force=self.force
                 )
             except LeaseHeldError as held:
@@ -280,7 +275,7 @@ class Supervisor:
                     )
             if not first:
                 with self._lease_lock:
-                    self.epoch = self.jobdir.advance_epoch(
+                    self.epoch = self.jobdir.lease.advance(
                         self.owner, self.epoch, ttl=config.lease_ttl
                     )
             first = False
@@ -472,7 +467,7 @@ class Supervisor:
                 return
             tokens = [d.token for d in (self.active, self.standby) if d is not None]
             try:
-                held = self.jobdir.renew_lease(
+                held = self.jobdir.lease.renew(
                     self.owner, self.epoch, ttl=self.config.lease_ttl, tokens=tokens
                 )
             except (JobError, SnapshotError, OSError) as exc:
@@ -604,7 +599,7 @@ def request(jobdir: JobDirectory, what: str) -> JobRecord:
 
 def lease_live(jobdir: JobDirectory) -> bool:
     """Whether a supervisor holds the job's lease now (renewed within its TTL, alive)."""
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     return bool(lease and lease.live)
 
 

@@ -112,7 +112,7 @@ class LeaseWatchdog:
         while True:
             lease = None
             with contextlib.suppress(Exception):
-                lease = self.jobdir.lease()
+                lease = self.jobdir.lease.read()
             ttl = lease.ttl if lease else LEASE_TTL
             margin = ttl / 2
             if os.getppid() != self.supervisor_pid:

@@ -20,7 +20,7 @@ ORPHANED = "ORPHANED"
 def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[str, Any]:
     """The status of a job as a JSON-ready dict."""
     record = record or jobdir.load()
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     now = time.time()
     live = bool(lease and lease.live)
     status = record.status.value

@@ -8,7 +8,7 @@ that every protocol step checks (:mod:`epochal.state.lease.fence`). The holder r
 new holder waits until it expired (its TTL after the last renewal), or takes it at once when it
 can prove the old holder dead (same host, its process gone).
 
-This module owns the record's format; :class:`~epochal.state.jobs.JobDirectory` swaps it (under a
+This module owns the record's format; :class:`~epochal.state.lease.swaps.JobLease` swaps it (under a
 lock on a local file system, with a compare-and-swap on an object store).
 """
 
