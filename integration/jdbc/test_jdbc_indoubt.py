@@ -10,7 +10,7 @@ import pytest
 from epochal_jdbc import JdbcSink
 
 from epochal import JobConfig
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.ops.indoubt import main
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from epochal.config import JobConfig
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.ops import cli
 from epochal.ops.indoubt import main
 from epochal.protocols.transactions import two_phase_commit

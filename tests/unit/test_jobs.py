@@ -17,7 +17,7 @@ import pytest
 from epochal.base import processes
 from epochal.base.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.config import JobConfig
-from epochal.control.supervisor import request
+from epochal.control.job_requests import request
 from epochal.parts.job_context import JobContext
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus, list_jobs
 from epochal.state.layout import LEASE_RECORD

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from epochal.config import JobConfig
-from epochal.control.supervisor import Supervisor, submit
+from epochal.control.job_requests import submit
+from epochal.control.supervisor import Supervisor
 from epochal.metrics import exposition, recording
 from epochal.ops.status import job_status, render
 from epochal.state.jobs import JobDirectory

@@ -21,8 +21,9 @@ import pyarrow as pa
 import pytest
 
 from epochal.base import processes
+from epochal.control.job_requests import request
 from epochal.control.lease_keeper import Keeper
-from epochal.control.supervisor import Supervisor, request
+from epochal.control.supervisor import Supervisor
 from epochal.ops.status import job_status
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit

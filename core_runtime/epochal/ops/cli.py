@@ -129,7 +129,7 @@ def _refuse_spark_connect(master: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from epochal.control.supervisor import submit
+    from epochal.control.job_requests import submit
 
     _refuse_spark_connect(args.master)
     config = _config(args)  # every setting checked before anything is written
@@ -210,7 +210,7 @@ def _jobdir(args: argparse.Namespace) -> Any:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from epochal.control.supervisor import request
+    from epochal.control.job_requests import request
     from epochal.state.manifests import verify_job
 
     action = args.action

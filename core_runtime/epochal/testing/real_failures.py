@@ -14,7 +14,7 @@ import time
 from epochal.base import processes
 from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.protocols.two_phase import recorded_decisions
 from epochal.state.jobs import JobDirectory, JobRecord
 from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for
