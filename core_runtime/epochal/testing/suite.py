@@ -42,7 +42,7 @@ Before the scenarios, each suite runs the *contract checks* of its contracts
 (:mod:`epochal.testing.contract_checks`, ``test_contract[<check>]``): no Spark, the
 connector's objects driven through the runtime's protocol classes with crashes played by
 processes that die, milliseconds to seconds each. They catch most of the bugs of the kit's
-catalogue (:mod:`epochal.testing.catalogue`) before a Spark job starts.
+catalogue (epochal's ``tests/conformance/catalogue.py``) before a Spark job starts.
 """
 
 from __future__ import annotations
