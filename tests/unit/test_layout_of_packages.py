@@ -123,6 +123,13 @@ def test_every_package_of_the_runtime_has_its_place_in_the_order() -> None:
     )
 
 
+def test_the_architecture_document_states_the_same_order() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("`base` <")
+    stated = text[start : text.index("\n\n", start)].replace("\n", " ")
+    assert [name.strip().strip("`") for name in stated.split("<")] == LAYERS
+
+
 def test_every_import_of_the_runtime_goes_down_the_order() -> None:
     rank = {layer: i for i, layer in enumerate(LAYERS)}
     upward = sorted(
