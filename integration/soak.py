@@ -241,7 +241,7 @@ class Soak:
     def committed_after(self, moment: float) -> float | None:
         """When the first batch committed after ``moment`` was (None: none yet, or the
         supervisor has not submitted the job yet)."""
-        from epochal.state.jobs import JobError
+        from epochal.state.locks import JobError
 
         try:
             progress = self.record().progress
@@ -271,7 +271,7 @@ class Soak:
         return wanted
 
     def kill(self, kind: str) -> Kill:
-        from epochal.control import processes
+        from epochal.base import processes
 
         token = str(self.record().driver.get("token") or "")
         now = time.time()
@@ -431,8 +431,8 @@ class Soak:
         with contextlib.suppress(Exception):
             from epochal.state.jobs import JobDirectory
 
-            lease = JobDirectory(self.snapshots, JOB).lease()
-            from epochal.control import processes
+            lease = JobDirectory(self.snapshots, JOB).lease.read()
+            from epochal.base import processes
 
             for token in lease.tokens if lease else ():
                 processes.kill_run(str(token))

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from epochal.config import JobConfig
+from epochal.control.job_requests import request, submit
 from epochal.control.launcher import DriverPool
-from epochal.control.supervisor import Supervisor, request, submit
-from epochal.state.checkpoint import verify_job
+from epochal.control.supervisor import Supervisor
 from epochal.state.jobs import JobDirectory, JobRecord
 from epochal.state.jobs import list_jobs as _list_jobs
+from epochal.state.manifests import verify_job
 
 
 class Job:

@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epochal.parts import secrets
+from epochal.base import secrets
 from epochal_sdk import ConfigError, Guarantee
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -47,7 +47,7 @@ JVM_LAUNCH_SETTINGS = frozenset(
 """Spark settings (lower case) that act when the driver's JVM is launched, so PySpark can
 only give them on its command line (``spark-submit --conf k=v``), which every user of the
 host can read (``/proc/<pid>/cmdline``). Every other setting reaches the JVM after it
-started, through PySpark's gateway (:func:`epochal.driver.session.spark_session`)."""
+started, through PySpark's gateway (:func:`epochal.startup.session.spark_session`)."""
 
 
 def check_snapshot_dir(snapshot_dir: str) -> None:
@@ -226,7 +226,7 @@ class JobConfig:
         for key, value in self.spark_conf.items():
             check_spark_setting(str(key), str(value))
         if self.faults:
-            from epochal.control.fault_plan import FaultPlan
+            from epochal.base.fault_plan import FaultPlan
 
             FaultPlan.parse(self.faults)  # fail at submit on a typo, not in the middle of a run
 

@@ -249,7 +249,7 @@ class FastPath:
         ``prepare`` (inside it), ``decide`` and ``commit`` (the driver's phase 2), and the
         ``rest`` of ``addBatch`` (scheduling the tasks, PySpark's per-batch Python workers on
         the driver: the write's planning and the commit's worker)."""
-        from epochal.ops.metrics import current_state
+        from epochal.metrics.recording import current_state
         from epochal.state.layout import JobLayout
 
         state = current_state(JobLayout(f"{self.workdir}/snap", job).path)

@@ -37,7 +37,7 @@ SHAPES = ("counts", "demo")
 """The query shapes: the recovery benchmark's padded keyed count, or the demo's job."""
 COUNTS_SHUFFLE_PARTITIONS = "2"
 """The recovery benchmark's counts job's shuffle partitions, here and in its epochal job (the
-demo's: an epochal driver's default, ``epochal.driver.session.SHUFFLE_PARTITIONS``)."""
+demo's: an epochal driver's default, ``epochal.startup.session.SHUFFLE_PARTITIONS``)."""
 DEMO_ROWS = 500
 """The demo's read limit per batch (``epochal.ops.demo``)."""
 
@@ -47,9 +47,9 @@ def session(shape: str = "counts") -> Any:
     without epochal."""
     from pyspark.sql import SparkSession
 
-    from epochal.driver.session import SHUFFLE_PARTITIONS
     from epochal.startup.classdata import driver_java_options
     from epochal.startup.home import use_fast_spark_home
+    from epochal.startup.session import SHUFFLE_PARTITIONS
 
     use_fast_spark_home("local[2]")
     return (

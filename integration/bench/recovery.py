@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal.control import processes
+from epochal.base import processes
 from epochal.driver.guards import SOURCE_RUNNER_MODULE
 from epochal.startup import statefiles
 
@@ -380,7 +380,7 @@ class Bench:
         else:
             if kind == "cold":
                 standby = (record.supervisor or {}).get("standby_pid")
-                lease = self.job.jobdir.lease()
+                lease = self.job.jobdir.lease.read()
                 for other in lease.tokens if lease else ():
                     if other != token:
                         processes.signal_run(str(other), signal.SIGKILL)

@@ -96,7 +96,7 @@ def test_exactly_once_through_a_lost_worker_and_a_killed_driver(
     job.start()
     job.wait_for(lambda r: r.progress.get("batch", -1) >= 0, "the first batch", 300)
     notes.append(f"first batch committed after {elapsed(started)}")
-    owner = job.jobdir.lease().owner
+    owner = job.jobdir.lease.read().owner
 
     # -- another supervisor, another "machine": refused while the lease is fresh ------------
     second = subprocess.Popen(
@@ -139,7 +139,7 @@ def test_exactly_once_through_a_lost_worker_and_a_killed_driver(
     output, _ = second.communicate(timeout=120)
     assert second.returncode == 2, output
     assert "is run by another supervisor" in output, output
-    assert job.jobdir.lease().owner == owner
+    assert job.jobdir.lease.read().owner == owner
     notes.append("a second supervisor was refused while the lease was fresh")
 
     # -- the driver killed -------------------------------------------------------------------

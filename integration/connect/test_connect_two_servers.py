@@ -67,7 +67,7 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
     while sum(kafka_to_postgres.table(postgres_db).values()) < RECORDS // 2:
         assert time.monotonic() < deadline, "server A did not commit the first records"
         time.sleep(0.2)
-    holder = JobDirectory(snapshots, "two-servers").lease()
+    holder = JobDirectory(snapshots, "two-servers").lease.read()
     assert holder is not None and holder.live
 
     other = start_spark_connect()
@@ -82,7 +82,7 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
             waited = time.monotonic() - started
             assert f"pid {holder.pid}" in str(raised.value)
             assert waited >= LEASE_TTL - 1, f"refused after {waited:.1f}s, before A's TTL"
-            assert JobDirectory(snapshots, "two-servers").lease().pid == holder.pid
+            assert JobDirectory(snapshots, "two-servers").lease.read().pid == holder.pid
 
             kafka_to_postgres.produce(kafka_server, kafka_topic, range(RECORDS // 2, RECORDS))
             spark_connect_server.kill()  # server A is lost (SIGKILL)
@@ -97,6 +97,6 @@ def test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone
         other.backend.close()
         spark_connect_server.start()
 
-    lease = JobDirectory(snapshots, "two-servers").lease()
+    lease = JobDirectory(snapshots, "two-servers").lease.read()
     assert lease is not None and lease.epoch == 2 and lease.pid != holder.pid
     kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)

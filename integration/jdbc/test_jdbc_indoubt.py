@@ -10,7 +10,7 @@ import pytest
 from epochal_jdbc import JdbcSink
 
 from epochal import JobConfig
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.ops.indoubt import main
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory
@@ -52,7 +52,7 @@ def test_list_and_settle_in_doubt_transactions(
     assert f"{undecided.transaction_id}  batch 2" in listed and "undecided: roll back" in listed
 
     submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)))
-    JobDirectory(str(snapshots), JOB).acquire_lease("a-live-supervisor")
+    JobDirectory(str(snapshots), JOB).lease.acquire("a-live-supervisor")
     assert main(_args("settle", postgres_db, snapshots)) == 2
     assert "settling now would roll back" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ import pytest
 from epochal_jdbc.testing import JdbcSinkUnderTest
 
 from epochal import Job, JobConfig, JobStatus
-from epochal.control.fault_plan import FaultPlan
+from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map.testing import MapSourceUnderTest

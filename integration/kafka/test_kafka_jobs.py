@@ -20,8 +20,8 @@ from epochal_kafka.testing import (
 )
 
 from epochal.api import Job
+from epochal.base.fault_plan import Fault
 from epochal.config import JobConfig
-from epochal.control.fault_plan import Fault
 from epochal.pipelines import SPEC_ENV
 from epochal.state.jobs import JobStatus
 from epochal.testing import Scenario, run_case

@@ -32,8 +32,8 @@ from epochal_jdbc.testing import JdbcSinkUnderTest
 from epochal_kafka.testing import KafkaSinkUnderTest
 
 from epochal.api import Job
+from epochal.base.fault_plan import Fault
 from epochal.config import JobConfig
-from epochal.control.fault_plan import Fault
 from epochal.parts.records import PartRecord, read_parts
 from epochal.pipelines import SPEC_ENV
 from epochal.state.jobs import JobRecord, JobStatus

@@ -114,7 +114,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         kafka_to_postgres.produce(kafka_server, kafka_topic, range(third, 2 * third))
         seen = _rows_beyond(postgres_db, seen, cluster, app_id)
         assert not process_alive(killed)
-        assert jobdir.lease_epoch() == 2, jobdir.lease()
+        assert jobdir.lease.epoch() == 2, jobdir.lease.read()
 
         # 2. the driver's node partitioned: its NodeManager and its container stopped
         node = cluster.am_node(app_id)
@@ -123,12 +123,12 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):  # a short-lived one ended
                 os.kill(pid, signal.SIGSTOP)
-        zombie = jobdir.lease()
+        zombie = jobdir.lease.read()
         assert zombie is not None and zombie.epoch == 2
         try:
             attempt = cluster.wait_for_attempt(app_id, 3, STEP)
             assert cluster.node_index(attempt["nodeId"]) != node, "attempt 3 on the lost node"
-            wait_until(lambda: jobdir.lease_epoch() == 3, STEP, "attempt 3 to take the lease")
+            wait_until(lambda: jobdir.lease.epoch() == 3, STEP, "attempt 3 to take the lease")
             taken = next(r for r in jobdir.load().runs if r.get("epoch") == 3)
             waited = float(taken["started"]) - zombie.renewed
             assert waited >= LEASE_TTL, f"taken over {waited:.1f}s after the last renewal"
@@ -157,7 +157,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
             cluster.kill_app(app_id)
 
     kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
-    print(f"attempts {len(cluster.attempts(app_id))}, lease epochs {jobdir.lease_epoch()}")
+    print(f"attempts {len(cluster.attempts(app_id))}, lease epochs {jobdir.lease.epoch()}")
 
 
 def _object_store_env(bucket: S3Bucket, tmp_path: Path) -> dict[str, str]:

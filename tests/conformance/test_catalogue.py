@@ -1,5 +1,5 @@
 """The kit's bug catalogue: the kit fails every broken variant of the reference connectors
-(``python -m epochal.testing.catalogue``) and passes the unmodified references (no false
+(``python -m tests.conformance.catalogue``) and passes the unmodified references (no false
 alarm); the table is printed. And the Spark layer: the crash point between receive and store
 (``ack_source.after_receive``) catches a source that acknowledges on receipt in a real job."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from epochal.control.launcher import DriverPool
-from epochal.testing.catalogue import SPARK_CASES, plugins_loaded, run, spark_problem
-from epochal.testing.mutants import MUTANT_PARTS
+from tests.conformance.catalogue import SPARK_CASES, plugins_loaded, run, spark_problem
+from tests.conformance.mutants import MUTANT_PARTS
 
 pytestmark = pytest.mark.conformance
 

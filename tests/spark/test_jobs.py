@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from epochal import Job, JobConfig, JobStatus
-from epochal.control import processes
+from epochal.base import processes
 from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
-from epochal.driver.session import SessionProfile
 from epochal.parts import registry
+from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
@@ -245,7 +245,7 @@ def test_no_secret_reaches_a_file_a_log_an_id_or_a_command_line(
 
 SESSION_CHECK = """
 import json, os, sys
-from epochal.driver.session import SessionProfile, spark_session
+from epochal.startup.session import SessionProfile, spark_session
 profile = SessionProfile.from_json(sys.stdin.readline())
 spark = spark_session(profile)
 context = spark.sparkContext

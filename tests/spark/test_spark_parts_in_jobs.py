@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from epochal import Job, JobConfig, JobStatus
-from epochal.ops.metrics import render_prometheus
+from epochal.metrics.exposition import render_prometheus
 from epochal.parts.records import read_parts
 from epochal.parts.spark_plan import (
     IDEMPOTENT_FOREACH_BATCH,

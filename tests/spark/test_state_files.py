@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 #: local file system does with a table file and with any other file.
 SCRIPT = r"""
 import json, os, sys
-from epochal.driver.session import SessionProfile, spark_session
+from epochal.startup.session import SessionProfile, spark_session
 
 inputs, checkpoint, scratch = sys.argv[1:4]
 spark = spark_session(SessionProfile("local[2]"))

@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from epochal.ops import metrics
+from epochal.metrics import recording
 from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.protocols.acking import (
@@ -176,7 +176,7 @@ def test_the_ack_reader_plans_reads_and_acknowledges_in_either_mode(
     reader.commit(end)
     assert queue.states("q") == {"acked": 3, "ready": 2}
     reader.stop()
-    state = metrics.collect(str(tmp_path), 0, None, job_created=1.0)
+    state = recording.collect(str(tmp_path), 0, None, job_created=1.0)
     totals = state["parts"]["source-testqueue-test"]["totals"]
     assert totals["records_in"] == 3 and totals["acked"] == 3
 
@@ -189,7 +189,7 @@ def test_a_replayable_source_may_yield_dict_rows(plugins: None, tmp_path: Path) 
     end = reader.latestOffset(start, ReadAllAvailable())
     rows = [row for p in reader.partitions(start, end) for row in reader.read(p)]
     assert rows == [("r0", 0), ("r1", 1), ("r2", 2), ("r3", 3)]
-    state = metrics.collect(str(tmp_path), 0, None, job_created=1.0)
+    state = recording.collect(str(tmp_path), 0, None, job_created=1.0)
     totals = state["parts"]["source-dictrows-test"]["totals"]
     assert totals["records_in"] == 4 and totals["connector.rows_made"] == 4
     assert totals["plan_seconds_count"] == 1 and totals["read_seconds_count"] == 1

@@ -24,14 +24,15 @@ from typing import Any
 import pytest
 
 from epochal import JobConfig
-from epochal.control import processes
+from epochal.base import processes
 from epochal.control.supervisor import Supervisor
-from epochal.ops import metrics
+from epochal.metrics import endpoint
 from epochal.parts import registry
 from epochal.parts.job_context import ENV_JOB, JobContext
 from epochal.spark.common import Part
 from epochal.state import jobs
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease import swaps
 from epochal_sdk import ConfigError, Options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,7 +244,7 @@ def test_a_corrupt_lease_shows_that_job_as_unreadable_and_lists_the_others(
     snapshots = tmp_path / "snapshots"
     _job(snapshots, "first")
     broken = _job(snapshots, "broken")
-    broken.acquire_lease("someone", ttl=20)
+    broken.lease.acquire("someone", ttl=20)
     _job(snapshots, "last")
     (Path(broken.path) / "lease.json").write_text('{"body": "{\\"epoch\\": 7}", "sha256": "0"}')
     listed = _epochal("jobs", "list", "--snapshot-dir", str(snapshots))
@@ -282,7 +283,7 @@ def _renewing_supervisor(tmp_path: Path) -> tuple[Supervisor, _StandInDriver, li
     lines: list[str] = []
     supervisor = Supervisor(jobdir, report=lines.append, pool=None)
     supervisor.config = jobdir.load().job_config
-    supervisor.epoch = jobdir.acquire_lease(supervisor.owner, ttl=2)
+    supervisor.epoch = jobdir.lease.acquire(supervisor.owner, ttl=2)
     supervisor._renewed_at = time.monotonic()
     driver = _StandInDriver()
     supervisor.active = driver  # type: ignore[assignment]
@@ -296,7 +297,7 @@ def test_a_corrupt_lease_stops_the_driver_and_fails_the_job_with_the_reason(
     supervisor, driver, lines = _renewing_supervisor(tmp_path)
     try:
         lease = Path(supervisor.jobdir.path) / "lease.json"
-        _wait(lambda: supervisor.jobdir.lease().renewed > 0, "a first renewal")
+        _wait(lambda: supervisor.jobdir.lease.read().renewed > 0, "a first renewal")
         lease.write_text("{torn")
         _wait(lambda: driver.process.poll() is not None, "the driver to be stopped")
         assert supervisor.unrenewable and "lease.json" in supervisor.unrenewable
@@ -316,12 +317,12 @@ def test_a_lease_write_that_fails_stops_the_driver_and_says_why(
 ) -> None:
     supervisor, driver, lines = _renewing_supervisor(tmp_path)
     try:
-        _wait(lambda: supervisor.jobdir.lease().renewed > 0, "a first renewal")
+        _wait(lambda: supervisor.jobdir.lease.read().renewed > 0, "a first renewal")
 
         def full_disk(*args: Any, **kwargs: Any) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(jobs, "put_record", full_disk)
+        monkeypatch.setattr(swaps, "put_record", full_disk)
         _wait(lambda: driver.process.poll() is not None, "the driver to be stopped")
         assert "No space left on device" in str(supervisor.unrenewable)
         assert "could not be renewed for" in str(supervisor.unrenewable)
@@ -344,20 +345,20 @@ def test_the_metrics_endpoint_bounds_its_threads_and_times_idle_sockets_out(
     """300 idle connections: the endpoint serves 8 (one thread each) and closes the rest at
     once; idle ones are closed after the connection timeout; a scrape is served after."""
     jobdir = _job(tmp_path / "snapshots", "scraped")
-    held = metrics.serve(jobdir, metrics.listen(0, timeout=300.0))
+    held = endpoint.serve(jobdir, endpoint.listen(0, timeout=300.0))
     address = held.server_address[:2]
     before = threading.active_count()
     idle = [socket.create_connection(address, timeout=30) for _ in range(300)]
     try:
-        refused = 300 - metrics.MAX_CONNECTIONS
+        refused = 300 - endpoint.MAX_CONNECTIONS
         _wait(lambda: sum(map(_closed_by_the_server, idle)) >= refused, "the extra connections")
-        assert threading.active_count() <= before + metrics.MAX_CONNECTIONS
+        assert threading.active_count() <= before + endpoint.MAX_CONNECTIONS
     finally:
         for sock in idle:
             sock.close()
         held.shutdown()
         held.server_close()
-    timed = metrics.serve(jobdir, metrics.listen(0, timeout=0.5))
+    timed = endpoint.serve(jobdir, endpoint.listen(0, timeout=0.5))
     address = timed.server_address[:2]
     try:
         quiet = [socket.create_connection(address, timeout=30) for _ in range(3)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from epochal import JobConfig
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
-from epochal.state.lease import new_owner
+from epochal.state.lease.record import new_owner
 from epochal.state.store import put_record
 
 
@@ -195,8 +195,8 @@ def test_a_job_whose_supervisor_died_shows_as_orphaned(tmp_path: Path) -> None:
     jobdir.save(record)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    jobdir.acquire_lease(new_owner())
-    lease = dataclasses.replace(jobdir.lease(), pid=dead.pid)  # its supervisor is gone
+    jobdir.lease.acquire(new_owner())
+    lease = dataclasses.replace(jobdir.lease.read(), pid=dead.pid)  # its supervisor is gone
     put_record(jobdir.files, "lease.json", lease.to_record())
     status = json.loads(
         _epochal("jobs", "status", "orders", "--snapshot-dir", snapshots, "--json").stdout

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, POINTS, Fault, FaultPlan
-from epochal.control.processes import RUN_TOKEN_ENV
+from epochal.base.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, POINTS, Fault, FaultPlan
+from epochal.base.processes import RUN_TOKEN_ENV
 from epochal_sdk import ConfigError
 
 
@@ -69,7 +69,7 @@ def test_bad_batch(text: str) -> None:
 
 SCRIPT = """
 import sys
-from epochal.control.fault_plan import FaultPlan
+from epochal.base.fault_plan import FaultPlan
 plan = FaultPlan.parse(sys.argv[1], sys.argv[2])
 plan.reach(sys.argv[3], int(sys.argv[4]))
 print("survived", flush=True)

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from epochal.base.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
 from epochal.config import JobConfig
 from epochal.control.failures import FENCED, KINDS, Failure, classify, identify
-from epochal.control.processes import RUN_TOKEN_ENV, kill_run, new_run_token, processes_of
-from epochal.state.jobs import JobDirectory, JobError, JobRecord
-from epochal.state.lease import new_owner
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.lease.record import new_owner
+from epochal.state.locks import JobError
 from epochal.state.store import put_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def leased(tmp_path: Path) -> tuple[JobDirectory, str]:
     jobdir = JobDirectory(snapshots, "orders")
     jobdir.save(JobRecord("orders", "m:f", JobConfig(snapshot_dir=snapshots).to_dict()))
     owner = new_owner()
-    jobdir.acquire_lease(owner, ttl=4.0)
+    jobdir.lease.acquire(owner, ttl=4.0)
     return jobdir, owner
 
 
@@ -72,9 +73,9 @@ def test_a_driver_stops_itself_when_the_lease_moves_to_another_epoch(
     driver = _watch(jobdir, 1, token)
     for _ in range(3):  # renewed: it keeps running
         time.sleep(0.5)
-        assert jobdir.renew_lease(owner, 1, ttl=4.0)
+        assert jobdir.lease.renew(owner, 1, ttl=4.0)
     assert driver.poll() is None
-    jobdir.acquire_lease(new_owner(), force=True)  # another supervisor: epoch 2
+    jobdir.lease.acquire(new_owner(), force=True)  # another supervisor: epoch 2
     assert driver.wait(10) == -signal.SIGKILL
     assert helper.wait(10) == -signal.SIGKILL  # its whole run went with it
     assert "fenced: the job's lease moved from epoch 1 to 2" in driver.stderr.read()
@@ -100,7 +101,7 @@ def test_a_driver_dies_with_its_supervisor(tmp_path: Path) -> None:
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", '''
         import os, signal, time
-        from epochal.control.processes import die_with_parent
+        from epochal.base.processes import die_with_parent
         assert die_with_parent(signal.SIGKILL)
         print(os.getpid(), flush=True)
         time.sleep(60)
@@ -224,11 +225,11 @@ def _alive(pid: int) -> bool:
 
 def test_the_lease_ttl_is_part_of_the_lease(leased: tuple[JobDirectory, str]) -> None:
     jobdir, _ = leased
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     assert lease.ttl == 4.0
     expired = dataclasses.replace(lease, renewed=time.time() - 5)
     put_record(jobdir.files, "lease.json", expired.to_record())
-    assert jobdir.takeover_wait(jobdir.lease()) == 0
+    assert jobdir.lease.takeover_wait(jobdir.lease.read()) == 0
 
 
 def test_a_stale_lease_record_written_back_by_a_paused_holder_changes_nothing(
@@ -239,18 +240,18 @@ def test_a_stale_lease_record_written_back_by_a_paused_holder_changes_nothing(
     record over C's. B stays fenced, C keeps the job and writes its own record again at its
     next renewal, and the next take-over gets a new epoch, never C's again."""
     zombie, zombie_owner = leased
-    stale = zombie.lease()
+    stale = zombie.lease.read()
     holder = JobDirectory(zombie.snapshot_dir, "orders")
     owner = new_owner()
-    assert holder.acquire_lease(owner, force=True) == 2
+    assert holder.lease.acquire(owner, force=True) == 2
     put_record(zombie.files, "lease.json", stale.to_record())  # B's late write
-    assert zombie.lease().epoch == 1
-    assert not zombie.fence(1).holds(zombie.lease().epoch)  # B's state moved: still fenced
-    assert not zombie.renew_lease(zombie_owner, 1)
+    assert zombie.lease.read().epoch == 1
+    assert not zombie.fence(1).holds(zombie.lease.read().epoch)  # B's state moved: still fenced
+    assert not zombie.lease.renew(zombie_owner, 1)
     holder.fence(2).check("C's step while the stale record is there")
-    assert holder.renew_lease(owner, 2)  # C's own record again
-    assert holder.lease().held_by(owner, 2)
-    assert JobDirectory(zombie.snapshot_dir, "orders").acquire_lease(new_owner(), force=True) == 3
+    assert holder.lease.renew(owner, 2)  # C's own record again
+    assert holder.lease.read().held_by(owner, 2)
+    assert JobDirectory(zombie.snapshot_dir, "orders").lease.acquire(new_owner(), force=True) == 3
 
 
 def test_a_holder_whose_lock_was_broken_writes_nothing_and_leaves_the_new_lock(
@@ -258,7 +259,7 @@ def test_a_holder_whose_lock_was_broken_writes_nothing_and_leaves_the_new_lock(
 ) -> None:
     jobdir, _ = leased
     lock = Path(jobdir.path, ".lease.lock")
-    with jobdir._locked("lease") as still_locked:
+    with jobdir.locked("lease") as still_locked:
         still_locked()  # ours
         lock.write_bytes(b"another holder's token")  # broken as stale and taken meanwhile
         with pytest.raises(JobError, match="lock was taken from this process"):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from epochal.config import JobConfig
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.ops import cli
 from epochal.ops.indoubt import main
 from epochal.protocols.transactions import two_phase_commit
@@ -69,7 +69,7 @@ def test_settle_is_refused_while_the_job_runs_then_commits_and_rolls_back(
     staged: tuple[Path, Path, Prepared, Prepared, Prepared], capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshots, target, _, _, other = staged
-    JobDirectory(str(snapshots), JOB).acquire_lease("a-live-supervisor")
+    JobDirectory(str(snapshots), JOB).lease.acquire("a-live-supervisor")
     assert main(["settle", JOB, "--snapshot-dir", str(snapshots)]) == 2
     assert "settling now would roll back" in capsys.readouterr().err
 

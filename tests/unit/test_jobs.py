@@ -14,21 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from epochal.base import processes
+from epochal.base.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.config import JobConfig
-from epochal.control import processes
-from epochal.control.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
-from epochal.control.supervisor import request
+from epochal.control.job_requests import request
 from epochal.parts.job_context import JobContext
-from epochal.state.jobs import (
-    JobDirectory,
-    JobError,
-    JobRecord,
-    JobStatus,
-    LeaseHeldError,
-    LeaseLostError,
-    list_jobs,
-)
-from epochal.state.lease import new_owner
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus, list_jobs
+from epochal.state.layout import LEASE_RECORD
+from epochal.state.lease.record import LEASE_TTL, new_owner
+from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
+from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError, get_record, put_record
 from epochal_sdk import FencedError
 
@@ -153,12 +148,12 @@ def test_list_jobs(snapshots: str) -> None:
 def test_acquire_increments_the_epoch(snapshots: str) -> None:
     jobdir = saved(snapshots)
     owner = new_owner()
-    assert jobdir.lease() is None
-    assert jobdir.lease_epoch() == 0
-    assert jobdir.acquire_lease(owner) == 1
-    assert jobdir.lease_epoch() == 1
-    assert jobdir.acquire_lease(owner) == 2  # the same owner may take it again
-    lease = jobdir.lease()
+    assert jobdir.lease.read() is None
+    assert jobdir.lease.epoch() == 0
+    assert jobdir.lease.acquire(owner) == 1
+    assert jobdir.lease.epoch() == 1
+    assert jobdir.lease.acquire(owner) == 2  # the same owner may take it again
+    lease = jobdir.lease.read()
     assert lease.owner == owner
     assert lease.pid == os.getpid()
     assert lease.host == socket.gethostname()
@@ -169,47 +164,47 @@ def test_a_second_owner_is_refused_while_the_lease_is_fresh(snapshots: str) -> N
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
     assert first != second
-    jobdir.acquire_lease(first)
+    jobdir.lease.acquire(first)
     with pytest.raises(JobError) as info:
-        jobdir.acquire_lease(second)
+        jobdir.lease.acquire(second)
     message = str(info.value)
     assert f"pid {os.getpid()} on {socket.gethostname()}" in message
     assert "lease epoch 1" in message
     assert "--force" in message
-    assert jobdir.lease().owner == first
-    assert jobdir.lease_epoch() == 1
+    assert jobdir.lease.read().owner == first
+    assert jobdir.lease.epoch() == 1
 
 
 def test_force_takes_the_lease_and_fences_the_old_owner(snapshots: str) -> None:
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
-    epoch = jobdir.acquire_lease(first)
-    assert jobdir.renew_lease(first, epoch) is True
-    taken = jobdir.acquire_lease(second, force=True)
+    epoch = jobdir.lease.acquire(first)
+    assert jobdir.lease.renew(first, epoch) is True
+    taken = jobdir.lease.acquire(second, force=True)
     assert taken == epoch + 1
-    assert jobdir.renew_lease(first, epoch) is False
-    assert jobdir.renew_lease(second, taken) is True
-    assert jobdir.renew_lease(second, epoch) is False  # a stale epoch of the same owner
-    assert jobdir.lease().owner == second
+    assert jobdir.lease.renew(first, epoch) is False
+    assert jobdir.lease.renew(second, taken) is True
+    assert jobdir.lease.renew(second, epoch) is False  # a stale epoch of the same owner
+    assert jobdir.lease.read().owner == second
 
 
 def test_an_expired_lease_can_be_taken(snapshots: str) -> None:
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
-    jobdir.acquire_lease(first)
-    lease = dataclasses.replace(jobdir.lease(), renewed=time.time() - JOBS.LEASE_TTL - 1)
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
-    assert jobdir.acquire_lease(second) == 2
-    assert jobdir.renew_lease(first, 1) is False
+    jobdir.lease.acquire(first)
+    lease = dataclasses.replace(jobdir.lease.read(), renewed=time.time() - LEASE_TTL - 1)
+    put_record(jobdir.files, LEASE_RECORD, lease.to_record())
+    assert jobdir.lease.acquire(second) == 2
+    assert jobdir.lease.renew(first, 1) is False
 
 
 def test_the_lease_carries_its_own_ttl(snapshots: str) -> None:
     jobdir = saved(snapshots)
-    jobdir.acquire_lease(new_owner(), ttl=2.0)
-    assert jobdir.lease().ttl == 2.0
-    lease = dataclasses.replace(jobdir.lease(), renewed=time.time() - 2.5)
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
-    assert jobdir.acquire_lease(new_owner()) == 2
+    jobdir.lease.acquire(new_owner(), ttl=2.0)
+    assert jobdir.lease.read().ttl == 2.0
+    lease = dataclasses.replace(jobdir.lease.read(), renewed=time.time() - 2.5)
+    put_record(jobdir.files, LEASE_RECORD, lease.to_record())
+    assert jobdir.lease.acquire(new_owner()) == 2
 
 
 def test_taking_the_lease_over_moves_the_state_to_the_new_epoch(snapshots: str) -> None:
@@ -217,7 +212,7 @@ def test_taking_the_lease_over_moves_the_state_to_the_new_epoch(snapshots: str) 
     another owner took over; what it wrote before is in the new owner's state."""
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
-    epoch = jobdir.acquire_lease(first)
+    epoch = jobdir.lease.acquire(first)
     zombie = JobContext(job="orders", job_dir=jobdir.path, lease_epoch=epoch, supervised=True)
     zombie_store = zombie.store("test")
     zombie_store.write_json("sinks/s/decisions/000000000001", {"by": "zombie, before"})
@@ -225,7 +220,7 @@ def test_taking_the_lease_over_moves_the_state_to_the_new_epoch(snapshots: str) 
     Path(jobdir.checkpoint, "commits", "1").write_text("v1")
     zombie.check_fence("deciding")  # still the owner
 
-    taken = jobdir.acquire_lease(second, force=True)
+    taken = jobdir.lease.acquire(second, force=True)
 
     assert taken == epoch + 1
     assert jobdir.checkpoint == f"{jobdir.path}/epochs/{taken}/checkpoint"
@@ -255,11 +250,11 @@ def test_a_dead_owner_on_this_host_is_taken_over_at_once(snapshots: str) -> None
         env={**os.environ, RUN_TOKEN_ENV: token},
     )
     try:
-        jobdir.acquire_lease(new_owner())
-        lease = dataclasses.replace(jobdir.lease(), pid=dead.pid, tokens=(token,))
-        put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
-        assert jobdir.takeover_wait(lease) == 0
-        assert jobdir.acquire_lease(new_owner()) == 2  # no wait, no --force
+        jobdir.lease.acquire(new_owner())
+        lease = dataclasses.replace(jobdir.lease.read(), pid=dead.pid, tokens=(token,))
+        put_record(jobdir.files, LEASE_RECORD, lease.to_record())
+        assert jobdir.lease.takeover_wait(lease) == 0
+        assert jobdir.lease.acquire(new_owner()) == 2  # no wait, no --force
         assert orphan.wait(10) == -signal.SIGKILL
         assert processes_of(token) == []
     finally:
@@ -268,38 +263,38 @@ def test_a_dead_owner_on_this_host_is_taken_over_at_once(snapshots: str) -> None
 
 def test_a_live_owner_elsewhere_must_expire(snapshots: str) -> None:
     jobdir = saved(snapshots)
-    jobdir.acquire_lease(new_owner())
-    lease = dataclasses.replace(jobdir.lease(), host="another-machine", pid=1)
-    put_record(jobdir.files, JOBS.LEASE_RECORD, lease.to_record())
+    jobdir.lease.acquire(new_owner())
+    lease = dataclasses.replace(jobdir.lease.read(), host="another-machine", pid=1)
+    put_record(jobdir.files, LEASE_RECORD, lease.to_record())
     with pytest.raises(LeaseHeldError) as info:
-        jobdir.acquire_lease(new_owner())
-    assert 0 < info.value.wait <= JOBS.LEASE_TTL
+        jobdir.lease.acquire(new_owner())
+    assert 0 < info.value.wait <= LEASE_TTL
 
 
 def test_advance_epoch_keeps_the_owner_and_fences_its_previous_driver(snapshots: str) -> None:
     jobdir = saved(snapshots)
     owner = new_owner()
-    epoch = jobdir.acquire_lease(owner)
+    epoch = jobdir.lease.acquire(owner)
     jobdir.store.write_json("k", {"v": 1})
-    assert jobdir.advance_epoch(owner, epoch) == epoch + 1
+    assert jobdir.lease.advance(owner, epoch) == epoch + 1
     assert jobdir.store.read_json("k") == {"v": 1}
-    assert jobdir.lease().owner == owner
+    assert jobdir.lease.read().owner == owner
     with pytest.raises(LeaseLostError):
-        jobdir.advance_epoch(owner, epoch)  # a stale epoch
+        jobdir.lease.advance(owner, epoch)  # a stale epoch
     with pytest.raises(LeaseLostError):
-        jobdir.advance_epoch(new_owner(), epoch + 1)
+        jobdir.lease.advance(new_owner(), epoch + 1)
 
 
 def test_release_keeps_the_epoch_and_frees_the_lease(snapshots: str) -> None:
     jobdir = saved(snapshots)
     first, second = new_owner(), new_owner()
-    jobdir.acquire_lease(first)
-    jobdir.release_lease(second)  # not the owner: nothing happens
-    assert jobdir.lease().renewed > 0
-    jobdir.release_lease(first)
-    assert jobdir.lease().renewed == 0.0
-    assert jobdir.lease_epoch() == 1
-    assert jobdir.acquire_lease(second) == 2
+    jobdir.lease.acquire(first)
+    jobdir.lease.release(second)  # not the owner: nothing happens
+    assert jobdir.lease.read().renewed > 0
+    jobdir.lease.release(first)
+    assert jobdir.lease.read().renewed == 0.0
+    assert jobdir.lease.epoch() == 1
+    assert jobdir.lease.acquire(second) == 2
 
 
 # -- requests without a live supervisor ------------------------------------------------------
@@ -337,7 +332,7 @@ def test_suspend_without_a_live_lease(snapshots: str) -> None:
 def test_requests_with_a_live_lease_are_left_to_the_supervisor(snapshots: str) -> None:
     jobdir = saved(snapshots, status=JobStatus.RUNNING)
     fill_snapshots(jobdir)
-    jobdir.acquire_lease(new_owner())
+    jobdir.lease.acquire(new_owner())
     final = request(jobdir, "cancel")
     assert final.status is JobStatus.RUNNING
     assert final.requested == "cancel"
@@ -347,8 +342,8 @@ def test_requests_with_a_live_lease_are_left_to_the_supervisor(snapshots: str) -
 def test_a_released_lease_is_not_live(snapshots: str) -> None:
     jobdir = saved(snapshots, status=JobStatus.RUNNING)
     owner = new_owner()
-    jobdir.acquire_lease(owner)
-    jobdir.release_lease(owner)
+    jobdir.lease.acquire(owner)
+    jobdir.lease.release(owner)
     assert request(jobdir, "suspend").status is JobStatus.SUSPENDED
 
 
@@ -362,7 +357,7 @@ def test_suspend_of_a_finished_job_is_refused(snapshots: str) -> None:
 
 def test_lease_record_is_a_checked_record(snapshots: str) -> None:
     jobdir = saved(snapshots)
-    jobdir.acquire_lease(new_owner())
+    jobdir.lease.acquire(new_owner())
     assert get_record(jobdir.files, "lease.json")["epoch"] == 1
 
 
@@ -371,7 +366,7 @@ def test_the_jobs_module_is_reachable_as_an_attribute() -> None:
     import epochal.state.jobs as jobs_module
 
     assert jobs_module is JOBS
-    assert epochal.state.jobs.LEASE_TTL == JOBS.LEASE_TTL
+    assert epochal.state.jobs.JobDirectory is JOBS.JobDirectory
 
 
 def test_python_workers_are_the_runs_pyspark_processes_not_its_jvms() -> None:

@@ -11,16 +11,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal.control.fault_plan import DRIVER_POINTS, FaultPlan
+from epochal.base.fault_plan import DRIVER_POINTS, FaultPlan
 from epochal.parts import registry
 from epochal.protocols.acking import ID_COLUMN, AckProtocol, MemoryAcks, decode_batch
 from epochal.state.store import SnapshotStore
-from epochal.testing import contract_checks, mutants
+from epochal.testing import contract_checks
 from epochal.testing.broker import TestBroker, TestQueueSource
-from epochal.testing.catalogue import plugins_loaded
 from epochal.testing.crashing import StepFailedError, run_then_die
 from epochal.testing.points import SOURCE_POINTS
 from epochal_sdk import Guarantee, Options
+from tests.conformance import mutants
+from tests.conformance.catalogue import plugins_loaded
 
 SCHEMA = pa.schema([("id", pa.string()), ("body", pa.string())])
 WAIT = 5.0

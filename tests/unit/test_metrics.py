@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from epochal.config import JobConfig
-from epochal.control.supervisor import Supervisor, submit
-from epochal.ops import metrics
+from epochal.control.job_requests import submit
+from epochal.control.supervisor import Supervisor
+from epochal.metrics import exposition, recording
 from epochal.ops.status import job_status, render
 from epochal.state.jobs import JobDirectory
 
@@ -97,17 +98,17 @@ def _report_two_batches(jobdir: JobDirectory) -> None:
     sink = {"records_out": 100, "bytes_out": 2048, "decide_seconds": 0.01}
     sink |= {"decide_seconds_count": 1, "commit_seconds": 0.02, "commit_seconds_count": 1}
     for batch in (3, 4):
-        metrics.report(jobdir.path, "sink", SINK, "jdbc", batch, sink)
-        metrics.report(jobdir.path, "source", SOURCE, "map", None, {"records_in": 100})
-        metrics.report(jobdir.path, "sink", SINK, "jdbc", None, {"in_doubt": 2, "rolled_back": 2})
-        metrics.report(jobdir.path, "sink", SINK, "jdbc", batch, {"connector.round_trips": 3})
+        recording.report(jobdir.path, "sink", SINK, "jdbc", batch, sink)
+        recording.report(jobdir.path, "source", SOURCE, "map", None, {"records_in": 100})
+        recording.report(jobdir.path, "sink", SINK, "jdbc", None, {"in_doubt": 2, "rolled_back": 2})
+        recording.report(jobdir.path, "sink", SINK, "jdbc", batch, {"connector.round_trips": 3})
         progress = {"numInputRows": 100, "durationMs": {"addBatch": 1500, "walCommit": 20}}
-        metrics.collect(jobdir.path, batch, progress, jobdir.load().created)
+        recording.collect(jobdir.path, batch, progress, jobdir.load().created)
 
 
 def test_steps_reports_are_folded_per_batch_and_part(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
-    state = metrics.load_state(jobdir.path)
+    state = recording.load_state(jobdir.path)
     sink = state["parts"][f"sink-{SINK}"]
     assert sink["totals"]["records_out"] == 200
     assert sink["totals"]["in_doubt"] == 4 and sink["totals"]["batches"] == 2
@@ -115,13 +116,13 @@ def test_steps_reports_are_folded_per_batch_and_part(jobdir: JobDirectory) -> No
     assert sink["batches"][-1]["values"]["connector.round_trips"] == 3
     assert state["parts"][f"source-{SOURCE}"]["batches"][-1]["batch"] == 4  # no batch: the next
     assert state["spark"]["input_rows_total"] == 200
-    assert not list(Path(metrics.metrics_dir(jobdir.path), metrics.PENDING).glob("*.json"))
+    assert not list(Path(recording.metrics_dir(jobdir.path), recording.PENDING).glob("*.json"))
 
 
 def test_a_job_started_over_starts_its_metrics_over(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
-    metrics.report(jobdir.path, "sink", SINK, "jdbc", 0, {"records_out": 7})
-    state = metrics.collect(jobdir.path, 0, None, job_created=jobdir.load().created + 1)
+    recording.report(jobdir.path, "sink", SINK, "jdbc", 0, {"records_out": 7})
+    state = recording.collect(jobdir.path, 0, None, job_created=jobdir.load().created + 1)
     assert state["parts"][f"sink-{SINK}"]["totals"]["records_out"] == 7
 
 
@@ -137,16 +138,18 @@ def test_status_shows_each_part(jobdir: JobDirectory) -> None:
 
 def test_status_includes_reports_not_collected_yet(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
-    metrics.report(jobdir.path, "sink", SINK, "jdbc", 5, {"records_out": 1})  # after the end
+    recording.report(jobdir.path, "sink", SINK, "jdbc", 5, {"records_out": 1})  # after the end
     part = job_status(jobdir)["metrics"]["parts"][f"sink-{SINK}"]
     assert part["guarantee"] == "exactly-once" and part["totals"]["records_out"] == 201
     assert part["last_batch"]["batch"] == 5
-    assert metrics.load_state(jobdir.path)["parts"][f"sink-{SINK}"]["totals"]["records_out"] == 200
+    assert (
+        recording.load_state(jobdir.path)["parts"][f"sink-{SINK}"]["totals"]["records_out"] == 200
+    )
 
 
 def test_the_exposition_has_job_part_and_connector_metrics(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
-    families = parse_exposition(metrics.render_prometheus(jobdir))
+    families = parse_exposition(exposition.render_prometheus(jobdir))
     assert value(families, "epochal_job_restarts_total", job=JOB) == 1
     assert value(families, "epochal_job_runs_total", job=JOB) == 2
     assert value(families, "epochal_job_last_recovery_seconds", job=JOB) == 2.25
@@ -187,34 +190,34 @@ def test_the_supervisor_serves_the_metrics_for_a_scrape(jobdir: JobDirectory) ->
 
 def test_the_textfile_is_the_same_exposition(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
-    path = metrics.write_textfile(jobdir)
+    path = exposition.write_textfile(jobdir)
     assert path is not None and path.endswith("/metrics/epochal.prom")
     assert parse_exposition(Path(path).read_text()) == parse_exposition(
-        metrics.render_prometheus(jobdir)
+        exposition.render_prometheus(jobdir)
     )
 
 
 def test_a_task_that_cannot_see_the_jobs_directory_reports_nothing(tmp_path: Path) -> None:
     elsewhere = str(tmp_path / "not-here" / "job")
-    metrics.report(elsewhere, "source", "p", "c", 1, {"records_in": 1}, task_side=True)
+    recording.report(elsewhere, "source", "p", "c", 1, {"records_in": 1}, task_side=True)
     assert not (tmp_path / "not-here").exists()
     started = time.monotonic()
-    metrics.report("/proc/no-such-dir/job", "sink", "p", "c", 1, {"x": 1})  # never raises
+    recording.report("/proc/no-such-dir/job", "sink", "p", "c", 1, {"x": 1})  # never raises
     assert time.monotonic() - started < 60
 
 
 def test_the_standby_s_readiness_and_the_effective_guarantee_are_exported(
     jobdir: JobDirectory,
 ) -> None:
-    families = parse_exposition(metrics.render_prometheus(jobdir))
+    families = parse_exposition(exposition.render_prometheus(jobdir))
     assert "epochal_standby_ready" not in families  # no standby: no series
     with jobdir.update() as record:
         record.supervisor = {"standby_pid": 4242, "standby_ready": False}
         record.effective_guarantee = "at-least-once"
-    families = parse_exposition(metrics.render_prometheus(jobdir))
+    families = parse_exposition(exposition.render_prometheus(jobdir))
     assert value(families, "epochal_standby_ready", job=JOB) == 0
     assert value(families, "epochal_job_effective_guarantee", guarantee="at-least-once") == 1
     with jobdir.update() as record:
         record.supervisor = {"standby_pid": 4242, "standby_ready": True}
-    families = parse_exposition(metrics.render_prometheus(jobdir))
+    families = parse_exposition(exposition.render_prometheus(jobdir))
     assert value(families, "epochal_standby_ready", job=JOB) == 1

@@ -18,16 +18,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from epochal.config import JobConfig
 from epochal.state import jobs, layout, objectstore
-from epochal.state.checkpoint import Checkpoint, verify_job
-from epochal.state.fence import LEASE_RECORD, Fence, checkpoint_location, state_dir, state_location
-from epochal.state.jobs import JobDirectory, JobError, JobRecord, LeaseHeldError, LeaseLostError
-from epochal.state.lease import new_owner
+from epochal.state.checkpoint import Checkpoint
+from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.lease import swaps
+from epochal.state.lease.fence import (
+    LEASE_RECORD,
+    Fence,
+    checkpoint_location,
+    state_dir,
+    state_location,
+)
+from epochal.state.lease.record import new_owner
+from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
+from epochal.state.locks import JobError
+from epochal.state.manifests import verify_job
 from epochal.state.store import (
     EntryExistsError,
     RecordChangedError,
@@ -158,9 +169,11 @@ def _submit(snapshot_dir: str, name: str = "job") -> JobDirectory:
     return jobdir
 
 
-def _race(contenders: int, read: Callable[..., Any], act: Callable[[int], Any]) -> list[Any]:
+def _race(contenders: int, module: ModuleType, act: Callable[[int], Any]) -> list[Any]:
     """Run ``act(i)`` in ``contenders`` threads at once, every one of them held after its
-    first ``read`` until all have read: they all decide on the same version."""
+    first read of a versioned record through ``module`` until all have read: they all decide
+    on the same version."""
+    read = module.get_versioned_record
     barrier = threading.Barrier(contenders)
     held = threading.local()
 
@@ -180,7 +193,7 @@ def _race(contenders: int, read: Callable[..., Any], act: Callable[[int], Any]) 
             outcomes[index] = exc
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jobs, "get_versioned_record", synchronised_read)
+        patch.setattr(module, "get_versioned_record", synchronised_read)
         threads = [threading.Thread(target=run, args=(i,)) for i in range(contenders)]
         for thread in threads:
             thread.start()
@@ -271,30 +284,30 @@ def test_a_fresh_lease_refuses_a_second_supervisor_then_expires(root: str) -> No
     takes the job over (a new epoch) once the lease expired; the first is then fenced."""
     first, second = _submit(root), JobDirectory(root, "job")
     a, b = new_owner(), new_owner()
-    assert first.acquire_lease(a, ttl=60.0) == 1  # live for as long as this test can stall
-    assert first.renew_lease(a, 1, ttl=60.0, tokens=[new_owner()])
+    assert first.lease.acquire(a, ttl=60.0) == 1  # live for as long as this test can stall
+    assert first.lease.renew(a, 1, ttl=60.0, tokens=[new_owner()])
     with pytest.raises(LeaseHeldError) as held:
-        second.acquire_lease(b, ttl=2.0)
+        second.lease.acquire(b, ttl=2.0)
     assert 0 < held.value.wait <= 60.0
     # a restart of the first's driver, whose lease (2 s) then expires for real
-    assert first.advance_epoch(a, 1, ttl=2.0) == 2
+    assert first.lease.advance(a, 1, ttl=2.0) == 2
     deadline = time.monotonic() + 10
     while True:
         try:
-            taken = second.acquire_lease(b, ttl=2.0)
+            taken = second.lease.acquire(b, ttl=2.0)
             break
         except LeaseHeldError:
             assert time.monotonic() < deadline, "the lease never expired"
             time.sleep(0.2)
     assert taken == 3
-    assert not first.renew_lease(a, 2, ttl=2.0)
+    assert not first.lease.renew(a, 2, ttl=2.0)
     with pytest.raises(LeaseLostError):
-        first.advance_epoch(a, 2, ttl=2.0)
-    first.release_lease(a)  # not the owner: nothing happens
-    assert second.lease().owner == b
-    second.release_lease(b)
-    assert second.lease().renewed == 0.0 and second.lease_epoch() == 3
-    assert JobDirectory(root, "job").acquire_lease(a, ttl=2.0) == 4  # released: at once
+        first.lease.advance(a, 2, ttl=2.0)
+    first.lease.release(a)  # not the owner: nothing happens
+    assert second.lease.read().owner == b
+    second.lease.release(b)
+    assert second.lease.read().renewed == 0.0 and second.lease.epoch() == 3
+    assert JobDirectory(root, "job").lease.acquire(a, ttl=2.0) == 4  # released: at once
 
 
 @pytest.mark.integration
@@ -305,23 +318,23 @@ def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
     owners = [new_owner() for _ in range(CONTENDERS)]
 
     def take(index: int) -> int:  # a TTL no stall of this machine outlasts: no loser may
-        return JobDirectory(root, "job").acquire_lease(owners[index], ttl=600.0)  # see expiry
+        return JobDirectory(root, "job").lease.acquire(owners[index], ttl=600.0)  # see expiry
 
-    outcomes = _race(CONTENDERS, jobs.get_versioned_record, take)
+    outcomes = _race(CONTENDERS, swaps, take)
     winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
     assert len(winners) == 1, outcomes
     assert outcomes[winners[0]] == 1
     assert all(isinstance(o, LeaseHeldError) for i, o in enumerate(outcomes) if i != winners[0])
-    lease = JobDirectory(root, "job").lease()
+    lease = JobDirectory(root, "job").lease.read()
     assert lease is not None and lease.owner == owners[winners[0]] and lease.epoch == 1
 
     expired = dataclasses.replace(lease, renewed=time.time() - 3600)  # the winner died long ago
     put_record(SnapshotStore(f"{root}/job"), LEASE_RECORD, expired.to_record())
-    outcomes = _race(CONTENDERS, jobs.get_versioned_record, take)
+    outcomes = _race(CONTENDERS, swaps, take)
     winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
     assert len(winners) == 1, outcomes
     assert outcomes[winners[0]] == 2
-    assert JobDirectory(root, "job").lease().owner == owners[winners[0]]
+    assert JobDirectory(root, "job").lease.read().owner == owners[winners[0]]
 
 
 @pytest.mark.integration
@@ -341,7 +354,7 @@ def test_record_updates_are_never_lost(root: str) -> None:
         with JobDirectory(root, "job").update() as record:
             changes[index](record)
 
-    outcomes = _race(len(changes), jobs.get_versioned_record, update)
+    outcomes = _race(len(changes), jobs, update)
     assert outcomes == [None] * len(changes)
     record = JobDirectory(root, "job").load()
     assert (record.failure, record.requested) == ("writer 0", "suspend")
@@ -363,14 +376,14 @@ def test_a_fenced_run_cannot_write_the_shared_state(root: str) -> None:
     everything the old one wrote before."""
     jobdir = _submit(root)
     owner = new_owner()
-    epoch = jobdir.acquire_lease(owner, ttl=20.0)
+    epoch = jobdir.lease.acquire(owner, ttl=20.0)
     old_state = state_dir(jobdir.path, epoch)
     old = SnapshotStore(f"{old_state}/store", anchor=old_state)
     old.write("sinks/s/decisions/000000000001", b"decided before the take-over")
     assert jobdir.store.read("sinks/s/decisions/000000000001") == b"decided before the take-over"
     assert Fence(jobdir.path, epoch).check("deciding") is None
 
-    new_epoch = JobDirectory(root, "job").acquire_lease(new_owner(), force=True)
+    new_epoch = JobDirectory(root, "job").lease.acquire(new_owner(), force=True)
     assert new_epoch == epoch + 1
     with pytest.raises(StateMovedError):
         old.write("sinks/s/decisions/000000000002", b"zombie")
@@ -393,7 +406,7 @@ def test_checkpoint_and_verification_on_s3(root: str, s3_bucket: S3Bucket) -> No
     """Spark's checkpoint files are read from S3 (through an epoch's name too), and
     verification catches a changed commit log entry."""
     jobdir = _submit(root)
-    epoch = jobdir.acquire_lease(new_owner())
+    epoch = jobdir.lease.acquire(new_owner())
     client = s3_bucket.client()
     entries = {"offsets/0": b"v1\n{}\n{}", "offsets/1": b"v1\n{}\n{}", "commits/0": b"v1\n{}"}
     for name, body in entries.items():

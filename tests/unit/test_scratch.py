@@ -1,4 +1,4 @@
-"""The scratch directories of driver runs (:func:`epochal.control.processes.scratch_dir`): what a
+"""The scratch directories of driver runs (:func:`epochal.base.processes.scratch_dir`): what a
 killed driver leaves in its temporary directory goes with the run.
 
 The end-to-end half (a SIGKILLed driver's JVM wrote there, and its supervisor removed it) is
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.control import processes
+from epochal.base import processes
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.driver.session import private_settings
+from epochal.startup.session import private_settings
 from epochal.state import objectstore
 from epochal_sdk import ConfigError
 

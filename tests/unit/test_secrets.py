@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from epochal.parts import registry, secrets
+from epochal.base import secrets
+from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.spark.common import Part, recordable_options
 from epochal_sdk import ConfigError, Connector

@@ -20,15 +20,18 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from epochal.control import processes
-from epochal.control.lease_keeper import DriverProcess, Keeper, LeaseNotHeldError, hold
-from epochal.control.supervisor import Supervisor, request
+from epochal.base import processes
+from epochal.control.job_requests import request
+from epochal.control.lease_keeper import Keeper
+from epochal.control.supervisor import Supervisor
 from epochal.ops.status import job_status
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit
-from epochal.state.jobs import JobDirectory, JobError, JobStatus
+from epochal.state.jobs import JobDirectory, JobStatus
 from epochal.state.layout import JobLayout
-from epochal.state.lease import SESSION
+from epochal.state.lease.record import SESSION
+from epochal.state.lease.session import DriverJvm, LeaseNotHeldError, hold
+from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
@@ -59,15 +62,15 @@ def _wait(condition: Callable[[], object], what: str, timeout: float = 30.0) -> 
 
 
 @pytest.fixture
-def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]]:
+def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]]:
     """Start stand-ins for driver JVMs; all are killed at the end."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start() -> tuple[subprocess.Popen[bytes], DriverProcess]:
+    def start() -> tuple[subprocess.Popen[bytes], DriverJvm]:
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         started.append(proc)
         _wait(lambda: processes.start_ticks(proc.pid), "the driver to start")
-        return proc, DriverProcess(proc.pid, processes.start_ticks(proc.pid) or 0)
+        return proc, DriverJvm(proc.pid, processes.start_ticks(proc.pid) or 0)
 
     yield start
     for proc in started:
@@ -77,13 +80,13 @@ def drivers() -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], DriverProc
         proc.wait()
 
 
-def _context(snapshots: str, driver: DriverProcess) -> JobContext:
+def _context(snapshots: str, driver: DriverJvm) -> JobContext:
     """What a data source of the query builds on the driver (its options give the job)."""
     options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
     return JobContext.current(options).holding_the_lease(options, driver)
 
 
-def _keeper(snapshots: str, driver: DriverProcess) -> int:
+def _keeper(snapshots: str, driver: DriverJvm) -> int:
     return hold(JobLayout(snapshots, JOB), Guarantee.EXACTLY_ONCE, TTL, driver).keeper
 
 
@@ -103,7 +106,7 @@ def test_a_bad_job_name_is_refused_before_anything_is_written(tmp_path: Path) ->
 
 
 def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     snapshots = str(tmp_path / "snapshots")
     first_proc, first = drivers()
@@ -111,7 +114,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert (context.lease_epoch, context.run) == (1, 1)
     assert context.fence.active and context.state_dir == f"{snapshots}/{JOB}/epochs/1"
     jobdir = JobDirectory(snapshots, JOB)
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     assert lease is not None and lease.holder == SESSION and lease.pid == first.pid
     record = jobdir.load()  # the query wrote its own job record
     assert record.status == JobStatus.RUNNING and record.run == 1
@@ -122,7 +125,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert shown["status"] == "RUNNING" and shown["lease"]["holder"] == SESSION
 
     first_proc.kill()  # the restarter's restart: the old driver is gone
-    _wait(lambda: jobdir.lease().renewed == 0.0, "the keeper to release the lease")
+    _wait(lambda: jobdir.lease.read().renewed == 0.0, "the keeper to release the lease")
     shown = job_status(jobdir)
     assert shown["status"] == "ORPHANED" and "restarter" in shown["hint"], shown
     with pytest.raises(JobError, match="start that application again"):
@@ -139,7 +142,7 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
 
 
 def test_a_live_driver_keeps_the_job_from_a_second_one(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     snapshots = str(tmp_path / "snapshots")
     _, first = drivers()
@@ -148,11 +151,11 @@ def test_a_live_driver_keeps_the_job_from_a_second_one(
     with pytest.raises(LeaseNotHeldError) as info:
         _context(snapshots, second)
     assert f"pid {first.pid}" in str(info.value) and "Stop the other driver" in str(info.value)
-    assert JobDirectory(snapshots, JOB).lease_epoch() == 1
+    assert JobDirectory(snapshots, JOB).lease.epoch() == 1
 
 
 def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
-    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverProcess]]
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
     """The split brain of a restart policy: the driver is partitioned (its JVM and its
     keeper stopped), a new driver takes the job over once the lease expired and prepares a
@@ -217,11 +220,11 @@ def test_a_lease_is_refused_where_it_cannot_be_swapped_atomically(tmp_path: Path
     pyarrow's in-memory one; HDFS, GCS through pyarrow alike) holds no lease: refused."""
     jobdir = JobDirectory("mock:///snapshots", JOB)
     with pytest.raises(JobError, match="cannot swap the job's lease atomically"):
-        jobdir.acquire_lease("someone")
+        jobdir.lease.acquire("someone")
     keeper = Keeper(
         "mock:///snapshots",
         JOB,
-        DriverProcess.current(),
+        DriverJvm.current(),
         Guarantee.EXACTLY_ONCE,
         TTL,
         str(tmp_path / "record.json"),

@@ -45,7 +45,7 @@ def test_python_workers_import_pyspark_compiled(tmp_path: Path) -> None:
     package, not from Spark's source zip (fails if the fast home is not used)."""
     code = (
         "import pyspark\n"
-        "from epochal.driver.session import SessionProfile, spark_session\n"
+        "from epochal.startup.session import SessionProfile, spark_session\n"
         "spark = spark_session(SessionProfile('local[1]'))\n"
         "where = spark.sparkContext.parallelize([0], 1).map(\n"
         "    lambda _: __import__('pyspark').__file__).collect()[0]\n"
@@ -110,7 +110,7 @@ def test_a_driver_jvm_maps_the_class_data_archive() -> None:
     archive = classdata.prepare(report=lambda line: None)
     assert archive is not None, "no class-data archive could be made"
     code = (
-        "from epochal.driver.session import SessionProfile, spark_session\n"
+        "from epochal.startup.session import SessionProfile, spark_session\n"
         "spark = spark_session(SessionProfile('local[1]'))\n"
         "pid = spark.sparkContext._gateway.proc.pid\n"
         "maps = open(f'/proc/{pid}/maps').read()\n"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from epochal.control.lease_keeper import DriverProcess
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan import (
     SPARK_PARTS,
@@ -23,6 +22,7 @@ from epochal.parts.spark_plan import (
     session_verdict_path,
 )
 from epochal.state.layout import JobLayout
+from epochal.state.lease.session import DriverJvm
 from epochal_sdk import Guarantee, GuaranteeError
 
 
@@ -83,7 +83,7 @@ def test_a_refusal_names_the_remedies_of_where_the_job_runs() -> None:
     assert "JobConfig" not in str(session.value)
 
 
-def _write_verdict(job_dir: str, driver: DriverProcess, refused: str | None) -> None:
+def _write_verdict(job_dir: str, driver: DriverJvm, refused: str | None) -> None:
     path = session_verdict_path(job_dir, driver)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
@@ -95,7 +95,7 @@ def test_a_planner_reads_its_own_drivers_refusing_verdict_only(tmp_path: Path) -
     context = JobContext(job="job", job_dir=job_dir)
     assert session_refusal(context) is None  # no verdict
 
-    this_driver = DriverProcess.current()
+    this_driver = DriverJvm.current()
     _write_verdict(job_dir, this_driver, "sink 'console' ... Refusing to start.")
     assert session_refusal(context) == "sink 'console' ... Refusing to start."
     assert session_verdict_path(job_dir, this_driver).startswith(f"{job_dir}/sessions/")
@@ -108,6 +108,6 @@ def test_a_planner_reads_its_own_drivers_refusing_verdict_only(tmp_path: Path) -
     assert session_refusal(context) is None
 
     os.remove(session_verdict_path(job_dir, this_driver))
-    earlier_jvm = DriverProcess(this_driver.pid, this_driver.started + 1)
+    earlier_jvm = DriverJvm(this_driver.pid, this_driver.started + 1)
     _write_verdict(job_dir, earlier_jvm, "refused long ago")
     assert session_refusal(context) is None  # another JVM's verdict is never read

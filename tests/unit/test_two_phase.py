@@ -12,9 +12,9 @@ import pytest
 from epochal.config import JobConfig
 from epochal.parts.job_context import JobContext
 from epochal.protocols.two_phase import TwoPhaseCommit, batches_of
-from epochal.state.fence import LEASE_RECORD
 from epochal.state.jobs import JobDirectory, JobRecord
-from epochal.state.lease import new_owner
+from epochal.state.lease.fence import LEASE_RECORD
+from epochal.state.lease.record import new_owner
 from epochal.state.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink
@@ -260,7 +260,7 @@ def leased(tmp_path: Path) -> JobDirectory:
     """A job whose lease a first driver holds at epoch 1."""
     jobdir = JobDirectory(str(tmp_path / "snapshots"), "orders")
     jobdir.save(JobRecord("orders", "m:f", JobConfig().to_dict()))
-    jobdir.acquire_lease(new_owner())
+    jobdir.lease.acquire(new_owner())
     return jobdir
 
 
@@ -278,7 +278,7 @@ def test_fenced_driver_decides_nothing(path: Path, leased: JobDirectory, sink: M
     decide and commit here."""
     prepared = [prepare(sink, 11, 0, {"z": "1"})]
     zombie = run_protocol(leased, sink, epoch=1, run=1)
-    lease = leased.lease()
+    lease = leased.lease.read()
     taken = dataclasses.replace(lease, epoch=2, owner=new_owner())
     put_record(leased.files, LEASE_RECORD, taken.to_record())
     with pytest.raises(FencedError) as info:
@@ -289,7 +289,7 @@ def test_fenced_driver_decides_nothing(path: Path, leased: JobDirectory, sink: M
     assert state(path, prepared[0].transaction_id) == "prepared"
     assert entries(path) == {}
     put_record(leased.files, LEASE_RECORD, lease.to_record())
-    leased.acquire_lease(new_owner(), force=True)  # the take-over completes: epoch 2
+    leased.lease.acquire(new_owner(), force=True)  # the take-over completes: epoch 2
     # the owner of the current epoch recovers: the zombie's undecided transaction goes
     owner = run_protocol(leased, sink, epoch=2, run=2)
     assert not owner.is_decided(11)
@@ -312,7 +312,7 @@ def test_a_decision_recorded_before_a_take_over_is_completed_by_the_new_owner(
     def fence_then_lose_the_lease(doing: str) -> None:
         checks.append(doing)
         if len(checks) == 2:  # the check right after the decision was recorded
-            leased.acquire_lease(new_owner(), force=True)
+            leased.lease.acquire(new_owner(), force=True)
         context.check_fence(doing)
 
     zombie = protocol(context.store("map"), sink, run=1, fence=fence_then_lose_the_lease)
@@ -344,7 +344,7 @@ def test_a_zombie_with_moved_state_recovers_nothing(
 ) -> None:
     undecided = prepare(sink, 3, 0, {"u": "1"}, run=2)
     zombie = run_protocol(leased, sink, epoch=1, run=3)
-    leased.acquire_lease(new_owner(), force=True)
+    leased.lease.acquire(new_owner(), force=True)
     with pytest.raises(FencedError):
         zombie.recover()
     assert state(path, undecided.transaction_id) == "prepared"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from epochal.config import JobConfig
-from epochal.state.checkpoint import verify_job
 from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.manifests import verify_job
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ at-least-once writer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
@@ -15,7 +15,8 @@ from epochal_sdk import PoisonRecordError, RestartableError
 if TYPE_CHECKING:
     import pyarrow
 
-    from epochal_kafka.sink import KafkaSink
+    from epochal_kafka.producers import ProducerPool
+    from epochal_sdk import ConnectorContext
 
 COLUMN_TYPES = {
     "value": ("string", "binary"),
@@ -32,12 +33,28 @@ COLUMN_TYPES = {
 """The columns the sink writes and the Spark SQL type names (without spaces) each may have."""
 
 
+class SinkSettings(Protocol):
+    """What a task's transaction and writer read of their sink
+    (:class:`~epochal_kafka.sink.KafkaSink`): its client configuration, topics, timeout,
+    producer pool and the producer settings and transactional id of a task."""
+
+    config: dict[str, Any]
+    topic: str | None
+    marker_topic: str | None
+    timeout: float
+    pool: ProducerPool
+
+    def transactional_id(self, task: ConnectorContext) -> str: ...
+
+    def producer_config(self, transactional_id: str | None) -> dict[str, Any]: ...
+
+
 class RecordProducing:
     """Turns Arrow batches into produce calls and collects delivery errors (the base of a
     task's :class:`~epochal_kafka.transaction.KafkaTransaction` and
     :class:`~epochal_kafka.writer.KafkaWriter`)."""
 
-    def __init__(self, sink: KafkaSink) -> None:
+    def __init__(self, sink: SinkSettings) -> None:
         self.sink = sink
         self.producer: Producer | None = None
         self.rows = 0

@@ -25,13 +25,12 @@ from epochal_kafka.marker import (
     superseded,
 )
 from epochal_kafka.producers import PooledProducer, client_config_key, init_transactions
-from epochal_kafka.records import RecordProducing
+from epochal_kafka.records import RecordProducing, SinkSettings
 from epochal_sdk import ConnectorContext, RestartableError, Transaction
 
 if TYPE_CHECKING:
     import pyarrow
 
-    from epochal_kafka.sink import KafkaSink
 
 log = logging.getLogger("epochal.kafka.sink")
 
@@ -56,7 +55,7 @@ class KafkaTransaction(RecordProducing, Transaction):
     that was fenced fails here and is replaced). ``write`` produces into it, ``prepare``
     commits it. A task without records opens no transaction."""
 
-    def __init__(self, sink: KafkaSink, task: ConnectorContext) -> None:
+    def __init__(self, sink: SinkSettings, task: ConnectorContext) -> None:
         super().__init__(sink)
         self.task = task
         self.transactional_id = sink.transactional_id(task)

@@ -7,20 +7,18 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Producer
 
-from epochal_kafka.records import RecordProducing
+from epochal_kafka.records import RecordProducing, SinkSettings
 from epochal_sdk import IdempotentWriter, RestartableError
 
 if TYPE_CHECKING:
     import pyarrow
-
-    from epochal_kafka.sink import KafkaSink
 
 
 class KafkaWriter(RecordProducing, IdempotentWriter):
     """One task's records through the idempotent producer (at-least-once). The producer is
     created at once, so that it connects and gets its producer id while the task reads."""
 
-    def __init__(self, sink: KafkaSink) -> None:
+    def __init__(self, sink: SinkSettings) -> None:
         super().__init__(sink)
         self.producer = Producer({**sink.producer_config(None), "on_delivery": self._on_delivery})
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from epochal.parts import secrets
+from epochal.base import secrets
 from epochal_sdk.errors import RESTARTABLE_MARK
 
 

@@ -22,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from epochal.control import processes
+from epochal.base import files, processes
 from epochal.control.messages import Promotion, read_event
-from epochal.driver.session import SessionProfile
-from epochal.state import files
+from epochal.startup.session import SessionProfile
 from epochal.state.run_records import RUN_DIR_ENV, forget_run_record
 
 EventHandler = Callable[["DriverProcess", dict[str, Any]], None]
@@ -50,7 +49,7 @@ def _ignore(driver: DriverProcess, event: dict[str, Any]) -> None:
 class DriverProcess:
     """One driver process: its run token, its heartbeats, its events (read from its stdout
     by a thread), its log, and its scratch directory (its ``TMPDIR``, removed once the process
-    ended; see :func:`epochal.control.processes.scratch_dir`).
+    ended; see :func:`epochal.base.processes.scratch_dir`).
 
     Args:
         profile: the session it starts.

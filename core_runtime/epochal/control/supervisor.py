@@ -4,10 +4,11 @@ when asked to.
 
 One supervisor owns a job at a time: it holds the job's lease, renews it while its driver is
 healthy (the driver's heartbeats arrive on its stdout), and gives every driver it starts a
-new lease epoch, so whatever an earlier driver left behind is fenced (:mod:`epochal.state.fence`).
-Before a new driver starts, every process of the previous one (its JVM and PySpark daemons
-included) is gone. A supervisor that loses its lease (it was paused past its TTL and another
-one took over) kills its drivers and stops without touching the job's record.
+new lease epoch, so whatever an earlier driver left behind is fenced
+(:mod:`epochal.state.lease.fence`). Before a new driver starts, every process of the previous one
+(its JVM and PySpark daemons included) is gone. A supervisor that loses its lease (it was paused
+past its TTL and another one took over) kills its drivers and stops without touching the job's
+record.
 
 Locally the supervisor outlives the driver, so a killed driver is restarted. If the
 supervisor itself dies, its driver dies with it, and ``python -m epochal jobs resume NAME``
@@ -21,29 +22,23 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from epochal.base import files, processes
 from epochal.config import JobConfig
-from epochal.control import processes, restart
+from epochal.control import restart
 from epochal.control.launcher import DriverPool, DriverProcess, RunOutcome, default_pool, poolable
 from epochal.control.messages import EXIT_DONE, EXIT_FENCED, EXIT_RESTARTABLE
-from epochal.driver.session import SessionProfile
-from epochal.state import files
-from epochal.state.checkpoint import verify_job
-from epochal.state.jobs import (
-    JobDirectory,
-    JobError,
-    JobRecord,
-    JobStatus,
-    LeaseHeldError,
-    LeaseLostError,
-)
-from epochal.state.layout import LEASE_RECORD
-from epochal.state.lease import new_owner
+from epochal.control.renewal import LeaseRenewal
+from epochal.startup.session import SessionProfile
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease.record import new_owner
+from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
+from epochal.state.locks import JobError
+from epochal.state.manifests import verify_job
 from epochal_sdk import FencedError, SnapshotError
 
 Reporter = Callable[[str], None]
@@ -53,52 +48,7 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def _target_name(target: str | Callable[..., Any]) -> str:
-    if isinstance(target, str):
-        return target
-    module = getattr(target, "__module__", None)
-    qualname = getattr(target, "__qualname__", "")
-    if not module or "<" in qualname or module == "__main__":
-        raise JobError(
-            f"{target!r} cannot be imported by the driver process: pass 'module:function' "
-            "for a function defined at the top level of an importable module"
-        )
-    return f"{module}:{qualname}"
-
-
-def submit(
-    name: str,
-    target: str | Callable[..., Any],
-    config: JobConfig | None = None,
-    *,
-    replace: bool = False,
-) -> JobDirectory:
-    """Create (or, with ``replace``, re-create) the record of a job without running it."""
-    config = config or JobConfig()
-    jobdir = JobDirectory(config.snapshot_dir, name)
-    target_name = _target_name(target)
-    if jobdir.exists():
-        existing = jobdir.load()
-        if replace or existing.status == JobStatus.CANCELLED:
-            jobdir.delete_snapshots()
-        elif existing.target != target_name or existing.config != config.to_dict():
-            raise JobError(
-                f"job {name!r} already exists with another target or config; resume it with "
-                "`python -m epochal jobs resume`, cancel it first, or submit under another name"
-            )
-        else:
-            return jobdir
-    record = JobRecord(
-        name=name,
-        target=target_name,
-        config=config.to_dict(),
-        python_path=[os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p)][:20]],
-    )
-    jobdir.save(record)
-    return jobdir
-
-
-class Supervisor:
+class Supervisor(LeaseRenewal):
     """Runs one job until it completes, fails, is cancelled or suspended, or until another
     supervisor takes it over.
 
@@ -115,9 +65,9 @@ class Supervisor:
         metrics_port: serve the job's metrics (Prometheus text) at
             ``http://<metrics_host>:<port>/metrics`` while supervising (0: a free port;
             None: no endpoint). The port is bound here, before anything of the job is
-            written: a busy port is a ``ConfigError`` at once. See :mod:`epochal.ops.metrics`.
+            written: a busy port is a ``ConfigError`` at once. See :mod:`epochal.metrics`.
         metrics_host: the address the metrics endpoint listens on.
-        metrics_endpoint: a server already bound (:func:`epochal.ops.metrics.listen`)
+        metrics_endpoint: a server already bound (:func:`epochal.metrics.endpoint.listen`)
             instead of ``metrics_port`` (the CLI binds it before it writes the job's record).
     """
 
@@ -138,7 +88,7 @@ class Supervisor:
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.metrics_url: str | None = None
         if metrics_endpoint is None and metrics_port is not None:
-            from epochal.ops.metrics import listen
+            from epochal.metrics.endpoint import listen
 
             metrics_endpoint = listen(metrics_port, metrics_host)
         self.metrics_endpoint = metrics_endpoint
@@ -215,13 +165,13 @@ class Supervisor:
                 if driver is not None:
                     driver.kill()
             if not self.lost.is_set() and self.unrenewable is None:
-                self.jobdir.release_lease(self.owner)
+                self.jobdir.lease.release(self.owner)
 
     def _serve_metrics(self) -> Any:
         """Start the metrics endpoint, if asked for (bound when this supervisor was made)."""
         if self.metrics_endpoint is None:
             return None
-        from epochal.ops.metrics import serve
+        from epochal.metrics.endpoint import serve
 
         server = serve(self.jobdir, self.metrics_endpoint)
         host, port = server.server_address[:2]
@@ -233,7 +183,7 @@ class Supervisor:
         deadline = None
         while True:
             try:
-                return self.jobdir.acquire_lease(
+                return self.jobdir.lease.acquire(
                     self.owner, ttl=self.config.lease_ttl, force=self.force
                 )
             except LeaseHeldError as held:
@@ -279,7 +229,7 @@ class Supervisor:
                     )
             if not first:
                 with self._lease_lock:
-                    self.epoch = self.jobdir.advance_epoch(
+                    self.epoch = self.jobdir.lease.advance(
                         self.owner, self.epoch, ttl=config.lease_ttl
                     )
             first = False
@@ -444,112 +394,6 @@ class Supervisor:
                     "standby_warmup_s": event.get("warmup_s"),
                 }
 
-    # -- the lease --------------------------------------------------------------------------
-    def _renew(self) -> None:
-        """The renewal thread: renews every TTL/5 until the supervisor stops, the lease is
-        lost, or renewing failed for good (:meth:`_renew_now`). It never ends silently."""
-        while not self._stop_renewal.wait(self.config.lease_ttl / 5):
-            try:
-                self._renew_now()
-            except Exception as exc:  # anything unforeseen: stop the drivers, say why
-                self._give_up_renewal(f"renewing the lease failed: {type(exc).__name__}: {exc}")
-            if self.lost.is_set() or self.unrenewable is not None:
-                return
-
-    def _renew_now(self) -> None:
-        """Renew the lease, unless the active driver stopped answering (it is about to be
-        killed: never vouch for a hung driver). A renewal that fails (the lock busy, the
-        lease record corrupt, a write refused: a full disk, a read-only file system) is
-        tried again at the next round; once the lease went unrenewed for half its TTL (when
-        the driver's own watchdog stops it too), the supervisor gives up: it stops its
-        drivers and the job ends FAILED with the reason (:meth:`_give_up_renewal`)."""
-        with self._lease_lock:
-            if self.unrenewable is not None:
-                return
-            active = self.active
-            if active is not None and active.heartbeat_age() > self.config.lease_ttl / 2:
-                return
-            tokens = [d.token for d in (self.active, self.standby) if d is not None]
-            try:
-                held = self.jobdir.renew_lease(
-                    self.owner, self.epoch, ttl=self.config.lease_ttl, tokens=tokens
-                )
-            except (JobError, SnapshotError, OSError) as exc:
-                unrenewed = time.monotonic() - self._renewed_at
-                if unrenewed > self.config.lease_ttl / 2:
-                    self._give_up_renewal(
-                        f"the lease could not be renewed for {unrenewed:.1f}s (limit "
-                        f"{self.config.lease_ttl / 2:.1f}s, half its TTL): {exc}"
-                    )
-                return
-            if held:
-                self._renewed_at = time.monotonic()
-            if not held and not self.lost.is_set():
-                self.lost.set()
-                self.report(
-                    f"[{self.jobdir.name}] lease lost: another supervisor took the job over; "
-                    "stopping this one's drivers"
-                )
-                for driver in (self.active, self.standby):
-                    if driver is not None:
-                        with contextlib.suppress(TimeoutError):
-                            processes.kill_run(driver.token)
-
-    def _give_up_renewal(self, why: str) -> None:
-        """The lease can no longer be renewed: stop every driver of this supervisor now (a
-        driver must never run on an unrenewed lease), and say why; the job then ends FAILED
-        (:meth:`_failed_renewal`)."""
-        with self._lease_lock:
-            if self.unrenewable is not None:
-                return
-            self.unrenewable = why
-            drivers = [d for d in (self.active, self.standby) if d is not None]
-        self.report(
-            f"[{self.jobdir.name}] {why}; stopping this supervisor's drivers (a driver never "
-            "runs on an unrenewed lease)"
-        )
-        for driver in drivers:
-            with contextlib.suppress(TimeoutError):
-                processes.kill_run(driver.token)
-
-    def _failed_renewal(self) -> JobRecord:
-        """End the job FAILED because its lease could not be renewed: the record says why
-        and what to do, if it can still be written (without the fence, which reads the lease);
-        else the reason is reported and a record built from what is known is returned."""
-        lease = f"{self.jobdir.path}/{LEASE_RECORD}"
-        failure = (
-            f"{self.unrenewable}. The drivers were stopped. Check the disk under "
-            f"{self.jobdir.path} (space, permissions, {lease}); if {lease} is corrupt and no "
-            "other supervisor or driver runs the job, delete it; then `python -m epochal jobs "
-            f"resume {self.jobdir.name} --snapshot-dir {self.jobdir.snapshot_dir}` continues "
-            "from the last snapshot"
-        )
-        try:
-            try:
-                fence = self._fence()
-                fence.check("ending the job after its lease could not be renewed")
-            except FencedError:
-                return self._lost()  # another supervisor took the job over: its record now
-            except (SnapshotError, OSError):
-                pass  # the lease cannot be read: nobody can take the job over meanwhile
-            with self.jobdir.update() as current:
-                current.status = JobStatus.FAILED
-                current.failure = failure
-                current.requested = None
-                final = current
-        except Exception as exc:  # the disk refuses the record too: say so, do not hide it
-            self.report(f"[{self.jobdir.name}] the job's record could not be written: {exc}")
-            final = JobRecord(
-                self.jobdir.name, "", self.config.to_dict(), JobStatus.FAILED, failure=failure
-            )
-        self.report(f"[{self.jobdir.name}] failed: {failure}")
-        return final
-
-    def _lost(self) -> JobRecord:
-        self.lost.set()
-        self.report(f"[{self.jobdir.name}] taken over by another supervisor; this one stops")
-        return self.jobdir.load()
-
     # -- endings ----------------------------------------------------------------------------
     def _cancelled(self) -> JobRecord:
         self.jobdir.delete_snapshots()
@@ -575,39 +419,3 @@ class Supervisor:
         for driver in (self.active, self.standby):
             if driver is not None:
                 driver.kill()
-
-
-def request(jobdir: JobDirectory, what: str) -> JobRecord:
-    """Ask the job to cancel or suspend. If no supervisor runs it, do it here."""
-    if not jobdir.load().target:
-        raise JobError(
-            f"job {jobdir.name!r} runs in a driver's own SparkSession (not under `epochal "
-            f"run`): nothing here can {what} it. Stop that application (and its restarter); "
-            "its lease is released when its driver ends"
-        )
-    with jobdir.update() as record:
-        if record.status.finished and what != "cancel":
-            raise JobError(f"job {record.name!r} is {record.status.value}; nothing to {what}")
-        record.requested = what
-        live = lease_live(jobdir)
-        if not live:
-            if what == "cancel":
-                record.status = JobStatus.CANCELLED
-            elif what == "suspend":
-                record.status = JobStatus.SUSPENDED
-            record.requested = None
-    if not live and what == "cancel":
-        jobdir.delete_snapshots()
-    return jobdir.load()
-
-
-def lease_live(jobdir: JobDirectory) -> bool:
-    """Whether a supervisor holds the job's lease now (renewed within its TTL, alive)."""
-    lease = jobdir.lease()
-    return bool(lease and lease.live)
-
-
-def orphaned(jobdir: JobDirectory, record: JobRecord) -> bool:
-    """Whether the record says the job runs but no supervisor holds its lease: its
-    supervisor died (resume it with ``python -m epochal jobs resume NAME``)."""
-    return record.status.live and not lease_live(jobdir)

@@ -14,11 +14,11 @@ import os
 import sys
 import time
 
+from epochal.base import files
 from epochal.control.messages import Promotion
 from epochal.driver.guards import Supervision
 from epochal.driver.run import Driver
-from epochal.driver.session import SessionProfile
-from epochal.state import files
+from epochal.startup.session import SessionProfile
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from epochal.base import processes
 from epochal.config import JobConfig
-from epochal.control import processes
 from epochal.control.failures import STOPPED_ON_ITS_OWN_MARK, failure_text
 from epochal.control.messages import HEARTBEAT_SECONDS, Promotion, emit
 from epochal.driver.session import (
@@ -30,9 +30,9 @@ from epochal.driver.session import (
     running_jobs,
     wait_for_executors,
 )
-from epochal.state.fence import Fence
 from epochal.state.jobs import JobDirectory
-from epochal.state.lease import LEASE_TTL
+from epochal.state.lease.fence import Fence
+from epochal.state.lease.record import LEASE_TTL
 
 
 def self_destruct(reason: str) -> None:
@@ -112,7 +112,7 @@ class LeaseWatchdog:
         while True:
             lease = None
             with contextlib.suppress(Exception):
-                lease = self.jobdir.lease()
+                lease = self.jobdir.lease.read()
             ttl = lease.ttl if lease else LEASE_TTL
             margin = ttl / 2
             if os.getppid() != self.supervisor_pid:

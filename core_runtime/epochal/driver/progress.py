@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from epochal.control.fault_plan import FaultPlan
+from epochal.base.fault_plan import FaultPlan
 from epochal.control.messages import emit
-from epochal.state.checkpoint import record_manifest
-from epochal.state.fence import Fence
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease.fence import Fence
+from epochal.state.manifests import record_manifest
 from epochal_sdk import FencedError
 
 log = logging.getLogger("epochal.driver")
@@ -71,7 +71,7 @@ def batch_ended(progress: Any) -> float:
 
 class ProgressReporter:
     """What each committed batch of the job's query updates: the checksums of Spark's log
-    entries (:func:`~epochal.state.checkpoint.record_manifest`), the job record's progress and
+    entries (:func:`~epochal.state.manifests.record_manifest`), the job record's progress and
     run history (the first batch of a run marks it RUNNING and records its phases), the job's
     metrics, and a ``progress`` event for the supervisor."""
 
@@ -137,10 +137,12 @@ class ProgressReporter:
         """Fold the parts' metrics of this batch and Spark's progress into the job's metrics;
         rewrite the Prometheus textfile (best effort: metrics never fail a batch)."""
         try:
-            from epochal.ops import metrics
+            from epochal.metrics import exposition, recording
 
-            metrics.collect(self.jobdir.path, batch, json.loads(progress.json), self.record.created)
-            metrics.write_textfile(self.jobdir)
+            recording.collect(
+                self.jobdir.path, batch, json.loads(progress.json), self.record.created
+            )
+            exposition.write_textfile(self.jobdir)
         except Exception:
             log.warning("metrics of batch %s not collected", batch, exc_info=True)
 

@@ -21,10 +21,11 @@ import time
 import traceback
 from typing import Any
 
+from epochal.base import processes, secrets
+from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control import processes, restart
+from epochal.control import restart
 from epochal.control.failures import FENCED, Failure, identify, summary_of
-from epochal.control.fault_plan import FaultPlan
 from epochal.control.messages import (
     EXIT_DONE,
     EXIT_FATAL,
@@ -45,17 +46,15 @@ from epochal.driver.guards import (
 from epochal.driver.progress import Phases, ProgressReporter, RunState, make_listener
 from epochal.driver.session import (
     PlannerKeeper,
-    SessionProfile,
     job_environment,
     load_target,
     session_alive,
-    spark_session,
     wait_for_idle,
 )
-from epochal.parts import secrets
 from epochal.parts.spark_plan import UnreadablePlanError, judge, part_records, read_query
-from epochal.state.fence import Fence, checkpoint_location, state_dir
+from epochal.startup.session import SessionProfile, spark_session
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.lease.fence import Fence, checkpoint_location, state_dir
 from epochal.state.run_records import RUN_DIR_ENV, write_run_record
 from epochal.state.store import SnapshotStore
 from epochal_sdk import FencedError

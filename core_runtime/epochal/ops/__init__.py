@@ -1,1 +1,2 @@
-"""Operator tools: the command line, job status, in-doubt transactions, metrics, the demo."""
+"""Operator tools: the command line and its commands, job status, in-doubt transactions, the
+demo, recovery phases."""

@@ -23,8 +23,12 @@ from epochal.api import Job
 from epochal.config import JobConfig
 from epochal.ops.recovery import recoveries
 from epochal.state.jobs import JobStatus
+from epochal_sdk import EpochalError
 
 MAP_ENV = "EPOCHAL_DEMO_MAP"
+MAP_DISTRIBUTION = "epochal-map"
+"""The demo's journal and its totals are the map connector's: installed with
+``pip install 'epochal[demo]'`` (or ``epochal-map`` itself)."""
 USERS = 25
 DEFAULT_FAULTS = "sink.after_decision@8,sink.mid_commit@12:worker"
 """The whole driver killed after a commit decision (the warm standby takes over), then the
@@ -64,10 +68,22 @@ class Tally:
     duplicates: int
 
 
-def _produce(path: str, total: int, chunk: int, pause: float, stop: threading.Event) -> None:
-    from epochal_map import MapStore
+def map_store() -> Any:
+    """The map connector's ``MapStore`` class, which the demo writes its events to and reads
+    its totals from. Raises ``EpochalError`` naming what to install when the map connector
+    (:data:`MAP_DISTRIBUTION`) is not installed."""
+    try:
+        from epochal_map import MapStore
+    except ImportError as exc:
+        raise EpochalError(
+            f"`epochal demo` runs on the map connector, which is not installed here ({exc}). "
+            f"Install it: pip install 'epochal[demo]' (or {MAP_DISTRIBUTION})"
+        ) from None
+    return MapStore
 
-    with MapStore(path) as store:
+
+def _produce(path: str, total: int, chunk: int, pause: float, stop: threading.Event) -> None:
+    with map_store()(path) as store:
         for start in range(200, 200 + total, chunk):
             if stop.is_set():
                 return
@@ -77,9 +93,7 @@ def _produce(path: str, total: int, chunk: int, pause: float, stop: threading.Ev
 
 
 def _tally(path: str, total: int) -> Tally:
-    from epochal_map import MapStore
-
-    with MapStore(path) as store:
+    with map_store()(path) as store:
         found = store.entries("totals")
     lost = duplicates = counted = 0
     if sum(int(v.partition(":")[0]) for v in found.values()) < total:
@@ -122,9 +136,7 @@ def run(
     producer = threading.Thread(
         target=_produce, args=(path, events - 200, 100, 0.4, stop), daemon=True
     )
-    from epochal_map import MapStore
-
-    with MapStore(path) as store:  # the journal exists, with a first few events, at start
+    with map_store()(path) as store:  # the journal exists, with a first few events, at start
         store.append_events("events", [(str(i), f"user-{i % USERS:02d}") for i in range(200)])
     config = JobConfig(
         guarantee="exactly-once",

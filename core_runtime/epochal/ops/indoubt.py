@@ -263,13 +263,13 @@ def _sinks(args: argparse.Namespace, jobdir: Any) -> list[SinkOfJob]:
 
 
 def _refuse_if_running(jobdir: Any, force: bool) -> None:
-    from epochal.state.jobs import JobError
+    from epochal.state.locks import JobError
 
     try:
         record = jobdir.load()
     except JobError:
         return  # no job record: nothing can be running it from this directory
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     live = bool(lease and lease.live)
     if not record.status.finished and live and not force:
         renewed = lease.age() if lease else 0.0

@@ -20,7 +20,7 @@ ORPHANED = "ORPHANED"
 def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[str, Any]:
     """The status of a job as a JSON-ready dict."""
     record = record or jobdir.load()
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     now = time.time()
     live = bool(lease and lease.live)
     status = record.status.value
@@ -88,9 +88,9 @@ def standby_state(supervisor: dict[str, Any], now: float) -> dict[str, Any] | No
 
 
 def _metrics(jobdir: JobDirectory) -> dict[str, Any]:
-    """The parts' metrics (see :mod:`epochal.ops.metrics`); empty when there are none."""
+    """The parts' metrics (see :mod:`epochal.metrics`); empty when there are none."""
     try:
-        from epochal.ops.metrics import summary
+        from epochal.metrics.exposition import summary
 
         return summary(jobdir)
     except Exception as exc:  # status must show even when metrics cannot be read

@@ -1,2 +1,2 @@
 """The parts of a pipeline: epochal's connectors and Spark's own sources and sinks, and the
-guarantee each gives; the job context a part runs in; secrets in part options."""
+guarantee each gives; the job context a part runs in; what each run notes about its parts."""

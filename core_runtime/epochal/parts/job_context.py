@@ -3,15 +3,15 @@ connector adapters.
 
 Under ``epochal run`` each driver run has a token and a directory of run records in its
 environment, which its JVM and every Python worker inherit; the run's record
-(:func:`~epochal.state.fence.read_run_record`) says which job it runs, at which lease epoch, as
-which run. A data source reads it when it is created, so a driver that restarts its query in
+(:func:`~epochal.state.run_records.read_run_record`) says which job it runs, at which lease epoch,
+as which run. A data source reads it when it is created, so a driver that restarts its query in
 place, or a warm driver (a standby, a driver of a pool) that learns its job only when it is
 promoted, hands the right values to its data sources without a new JVM. The data source
 captures the context on the driver and carries it, pickled, to the executors.
 
 A query started without ``epochal run`` gives the job through options (``epochal.job``,
 ``epochal.snapshotDir``, ``epochal.guarantee``) or the environment, and its driver holds the
-job's lease itself (:mod:`epochal.control.lease_keeper`): the same fence, run numbers from the
+job's lease itself (:mod:`epochal.state.lease.session`): the same fence, run numbers from the
 job's record. Exactly-once without a snapshot directory is refused: there is no lease to
 hold, so nothing would stop a second driver of the same job.
 """
@@ -22,12 +22,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from epochal.control import lease_keeper as session_lease
-from epochal.control.fault_plan import FaultPlan
-from epochal.control.lease_keeper import DriverProcess
-from epochal.control.processes import RUN_TOKEN_ENV
-from epochal.state.fence import Fence, state_dir
+from epochal.base.fault_plan import FaultPlan
+from epochal.base.processes import RUN_TOKEN_ENV
 from epochal.state.layout import JobLayout
+from epochal.state.lease import session as session_lease
+from epochal.state.lease.fence import Fence, state_dir
+from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV, read_run_record
 from epochal.state.store import SnapshotStore
 from epochal_sdk import ConfigError, FencedError, Guarantee
@@ -99,7 +99,7 @@ class JobContext:
         )
 
     def holding_the_lease(
-        self, options: Mapping[str, str] | None = None, driver: DriverProcess | None = None
+        self, options: Mapping[str, str] | None = None, driver: DriverJvm | None = None
     ) -> JobContext:
         """This context with the job's lease held by this process's driver (``driver``:
         default, the JVM this process runs under; a query started without ``epochal run``):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import pluggy
 
-from epochal.parts import secrets
+from epochal.base import secrets
 from epochal_sdk import (
     AcknowledgingSource,
     ConfigError,

@@ -18,8 +18,8 @@ older than the window is passed on and logged loudly, never dropped or passed si
 At-least-once, batches stay in the driver's memory and travel to the tasks inside the plan;
 a replay after a restart finds nothing, and the broker redelivers what was not acknowledged.
 
-Fencing (see :mod:`epochal.state.fence`): a stored batch is handed to Spark only if the fence still
-holds after it was stored, and acknowledgements are sent only after a fence check (in both
+Fencing (see :mod:`epochal.state.lease.fence`): a stored batch is handed to Spark only if the fence
+still holds after it was stored, and acknowledgements are sent only after a fence check (in both
 modes), so a driver that lost the job's lease neither plans nor acknowledges anything. Crash
 points: ``ack_source.after_receive`` (messages received, nothing stored or acknowledged: a
 source that acknowledges on receipt loses them here), ``ack_source.after_store``
@@ -123,7 +123,7 @@ def read_batch(
 
 
 class _Measured:
-    """What a protocol measured since the reader last reported (see :mod:`epochal.ops.metrics`)."""
+    """What a protocol measured since the reader last reported (see :mod:`epochal.metrics`)."""
 
     def __init__(self) -> None:
         self.measured: dict[str, float] = {}

@@ -13,7 +13,7 @@ Recovery (:meth:`TwoPhaseCommit.recover`, at the start of every run, before any 
 every decided batch, roll back every other in-doubt transaction of earlier runs. A replayed
 batch that was already decided writes nothing (:meth:`is_decided` is checked by the tasks).
 
-Fencing (see :mod:`epochal.state.fence`): the fence is checked before a decision, after it is
+Fencing (see :mod:`epochal.state.lease.fence`): the fence is checked before a decision, after it is
 recorded, before phase 2 and before recovery rolls anything back; a run only ever rolls back
 transactions of its own or earlier runs (the run is part of every transaction id), so a
 zombie can never undo what a newer run prepared.

@@ -11,8 +11,9 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from epochal.ops import metrics
-from epochal.parts import registry, secrets
+from epochal.base import secrets
+from epochal.metrics import recording
+from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.parts.records import PartRecord, check_target
 from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
@@ -65,7 +66,7 @@ def user_options(options: dict[str, str]) -> dict[str, str]:
 def recordable_options(connector: str, options: dict[str, str]) -> dict[str, str]:
     """The connector's options as the snapshot store keeps them for operators' tools (such
     as ``epochal in-doubt``): secret options left out, secrets inside values masked
-    (:mod:`epochal.parts.secrets`); ``${env:...}``/``${file:...}`` references are kept as such."""
+    (:mod:`epochal.base.secrets`); ``${env:...}``/``${file:...}`` references are kept as such."""
     return secrets.recordable(user_options(options), registry.declared_secrets(connector))
 
 
@@ -145,7 +146,7 @@ class Part:
         self, kind: str, batch: int | None, values: dict[str, float], *, task_side: bool = False
     ) -> None:
         """Leave what a step of this part measured for the job's metrics (best effort)."""
-        metrics.report(
+        recording.report(
             self.context.job_dir,
             kind,
             self.part_id,

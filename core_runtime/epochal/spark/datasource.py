@@ -15,16 +15,16 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StructType
 
-from epochal.control.lease_keeper import DriverProcess
-from epochal.control.processes import RUN_TOKEN_ENV
-from epochal.parts import registry, secrets
+from epochal.base import files, secrets
+from epochal.base.processes import RUN_TOKEN_ENV
+from epochal.parts import registry
 from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
 from epochal.spark.common import Part, sdk_schema
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
-from epochal.state import files
+from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV
 from epochal_sdk import AcknowledgingSource, GuaranteeError, ReplayableSource, Sink, Source
 from epochal_sdk.errors import STARTING_ENV
@@ -257,7 +257,7 @@ class _SessionCheck(StreamingQueryListener):
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
-        self.driver: DriverProcess | None = None
+        self.driver: DriverJvm | None = None
 
     def onQueryStarted(self, event: Any) -> None:
         try:

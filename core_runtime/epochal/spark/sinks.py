@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from epochal.ops import metrics
+from epochal.metrics import recording
 from epochal.protocols import keys
 from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
@@ -102,13 +102,13 @@ def _collected(messages: list[Any]) -> dict[str, float]:
         values["records_out"] += message.records
         values["bytes_out"] += message.bytes
         if message.skipped:
-            metrics.add(values, {"replays_skipped": 1})
-        metrics.add(values, message.values)
+            recording.add(values, {"replays_skipped": 1})
+        recording.add(values, message.values)
     return values
 
 
 def _task_values(context: ConnectorContext, timings: dict[str, float]) -> dict[str, float]:
-    return metrics.add(timings, metrics.connector_values(context.metrics.drain()))
+    return recording.add(timings, recording.connector_values(context.metrics.drain()))
 
 
 class TransactionalWriter(DataSourceStreamArrowWriter):
@@ -135,7 +135,7 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                     pass
                 return SinkCommitMessage(skipped=True)
             records = size = 0
-            with metrics.timed(timings, "write"):
+            with recording.timed(timings, "write"):
                 txn = sink.begin(task)
                 try:
                     for batch in iterator:
@@ -147,7 +147,7 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                         self.part.context.check_fence(
                             f"batch {task.batch}: task {task.partition} preparing"
                         )
-                    with metrics.timed(timings, "prepare"):
+                    with recording.timed(timings, "prepare"):
                         data = txn.prepare()
                 except BaseException:
                     txn.abort()
@@ -157,9 +157,9 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             prepared = Prepared(task.transaction_id, data)
             self.part.context.reach("sink.after_prepare", task.batch)
             if not exactly_once:  # at-least-once: commit at once, no decision
-                with metrics.timed(timings, "commit"):
+                with recording.timed(timings, "commit"):
                     sink.commit(prepared)
-                metrics.add(timings, {"committed": 1})
+                recording.add(timings, {"committed": 1})
                 return SinkCommitMessage(
                     records=records, bytes=size, values=_task_values(task, timings)
                 )
@@ -184,18 +184,18 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             protocol = two_phase(self.part, sink)
             if self.part.guarantee == Guarantee.EXACTLY_ONCE:
                 prepared = [m.prepared for m in messages if m and m.prepared]
-                with metrics.timed(values, "decide"):
+                with recording.timed(values, "decide"):
                     protocol.decide(batchId, prepared)
-                with metrics.timed(values, "commit"):
+                with recording.timed(values, "commit"):
                     protocol.complete(batchId)
                 if batchId % 10 == 0:
                     protocol.prune(batchId - KEEP_BATCHES)
             else:  # tasks committed their own transactions; drop those of dead attempts
                 protocol.rollback_strays(batchId)
-            metrics.add(values, _settled(protocol))
+            recording.add(values, _settled(protocol))
         finally:
             sink.close()
-            metrics.add(values, metrics.connector_values(context.metrics.drain()))
+            recording.add(values, recording.connector_values(context.metrics.drain()))
             self.part.report("sink", batchId, values)
         self.part.context.reach("sink.after_commit", batchId)
 
@@ -233,7 +233,7 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
         records = size = 0
         timings: dict[str, float] = {}
         try:
-            with metrics.timed(timings, "write"):
+            with recording.timed(timings, "write"):
                 writer = sink.open(task)
                 try:
                     for batch in iterator:
@@ -242,7 +242,7 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
                         records += batch.num_rows
                         size += batch.nbytes
                     self.part.context.reach("sink.after_write", task.batch)
-                    with metrics.timed(timings, "flush"):
+                    with recording.timed(timings, "flush"):
                         writer.flush()
                 finally:
                     writer.close()
@@ -291,9 +291,9 @@ class SinkContract:
         assert isinstance(sink, TransactionalSink)
         values: dict[str, float] = {}
         protocol = two_phase(part, sink)
-        with metrics.timed(values, "recover"):
+        with recording.timed(values, "recover"):
             report = protocol.recover()
-        part.report("sink", None, metrics.add(values, _settled(protocol)))
+        part.report("sink", None, recording.add(values, _settled(protocol)))
         return f"{report} {report.rolled_back}"
 
 

@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from epochal.ops import metrics
+from epochal.metrics import recording
 from epochal.protocols.acking import AckProtocol, MemoryAcks, read_batch
 from epochal.spark.common import Part, SparkTask, protocol_step
 from epochal.state.checkpoint import Checkpoint
@@ -74,7 +74,7 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if latest != start:  # a batch will run: note how long planning it took
             took = time.perf_counter() - started
             values = {"plan_seconds": took, "plan_seconds_count": 1}
-            metrics.add(values, metrics.connector_values(self.source.context.metrics.drain()))
+            recording.add(values, recording.connector_values(self.source.context.metrics.drain()))
             self.part.report("source", None, values)
         self.part.context.reach("source.after_plan")
         return latest
@@ -106,7 +106,7 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             with (
                 protocol_step(self.part, batch, f"read partition {split.partition}"),
-                metrics.timed(values, "read"),
+                recording.timed(values, "read"),
             ):
                 for item in source.read(split):
                     if isinstance(item, pa.RecordBatch):
@@ -119,7 +119,7 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     yield item
         finally:
             source.close()
-        metrics.add(values, metrics.connector_values(source.context.metrics.drain()))
+        recording.add(values, recording.connector_values(source.context.metrics.drain()))
         self.part.report("source", batch, values, task_side=True)
         self.part.context.reach("source.after_read", batch)
 
@@ -236,8 +236,8 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _report(self, values: dict[str, float]) -> None:
         """Leave what the protocol measured (and the connector counted) for the metrics."""
-        metrics.add(values, self.acks.drain_measured())
-        metrics.add(values, metrics.connector_values(self.source.context.metrics.drain()))
+        recording.add(values, self.acks.drain_measured())
+        recording.add(values, recording.connector_values(self.source.context.metrics.drain()))
         if any(values.values()):
             self.part.report("source", None, values)
 

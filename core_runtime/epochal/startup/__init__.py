@@ -1,3 +1,4 @@
-"""Spark start-up tuning: the JVM class-data archive, the fast Spark home, state files linked
-instead of copied, and the warm-up that primes a driver's Python workers. None of it changes
-what a job does, only how soon its driver is ready."""
+"""A driver's SparkSession and its start-up: the session's profile and how it is built, the JVM
+class-data archive, the fast Spark home, state files linked instead of copied, and the warm-up
+that primes a driver's Python workers. The tuning changes nothing of what a job does, only how
+soon its driver is ready."""

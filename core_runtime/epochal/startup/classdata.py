@@ -130,7 +130,7 @@ def prepare(report: object = print, force: bool = False) -> str | None:
             log = os.path.join(scratch, "dump.log")
             with open(log, "w") as out:
                 code = subprocess.call(
-                    [sys.executable, "-m", "epochal.startup.classdata", "--dump", partial],
+                    [sys.executable, "-m", "epochal.startup.classdata_writer", "--dump", partial],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=scratch,
@@ -165,31 +165,3 @@ def _wait_for(archive: str, lock: str, seconds: float = 600.0) -> None:
     deadline = time.monotonic() + seconds
     while os.path.exists(lock) and not os.path.isfile(archive) and time.monotonic() < deadline:
         time.sleep(0.5)
-
-
-def _dump(target: str) -> None:
-    """In a process of its own: a session whose JVM writes ``target`` when it exits."""
-    from epochal.driver.session import SessionProfile, spark_session
-    from epochal.spark.datasource import register
-    from epochal.startup.warmup import warm_up
-
-    options = f"-XX:ArchiveClassesAtExit={target} {QUIET}"
-    profile = SessionProfile("local[2]", (("spark.driver.extraJavaOptions", options),))
-    spark = spark_session(profile, app_name="epochal-classdata")
-    register(spark)
-    warm_up(spark)
-    spark.stop()
-    # the JVM writes the archive as it exits: PySpark's gateway process ends with this one
-    gateway = spark.sparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    if proc is not None:
-        with contextlib.suppress(Exception):
-            proc.stdin.close()
-            proc.wait(timeout=300)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--dump":
-        _dump(sys.argv[2])
-    else:
-        sys.exit("usage: python -m epochal prepare")

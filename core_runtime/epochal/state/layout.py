@@ -12,8 +12,8 @@
                         /sessions/<driver>.json      what a session driver holds     (local)
 
 On an object store (``s3://``) every epoch's state lives at one shared prefix
-``<job>/state`` (an object store cannot rename a tree: see :mod:`epochal.state.fence`), and what
-concerns one machine only (logs, driver and session records) is kept on that machine's disk
+``<job>/state`` (an object store cannot rename a tree: see :mod:`epochal.state.lease.fence`), and
+what concerns one machine only (logs, driver and session records) is kept on that machine's disk
 (:func:`local_dir`).
 """
 

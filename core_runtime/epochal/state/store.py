@@ -36,9 +36,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from epochal.state import files, objectstore
+from epochal.base import files
+from epochal.state import objectstore
 from epochal.state.layout import LEASE_RECORD
-from epochal.state.lease import Lease
+from epochal.state.lease.record import Lease
 from epochal_sdk import FencedError, SnapshotError
 
 MAGIC = b"EPS1 "

@@ -5,9 +5,9 @@ table (:mod:`~epochal.testing.points`), the scenario runner
 (:mod:`~epochal.testing.scenarios`), the outside failures with and without a supervisor
 (:mod:`~epochal.testing.real_failures`, :mod:`~epochal.testing.session_failures`), the
 contract checks without Spark (:mod:`~epochal.testing.contract_checks`, their crashes played
-by :mod:`~epochal.testing.crashing`), and the bug catalogue that measures the kit: broken
-variants of the reference connectors (:mod:`~epochal.testing.mutants`) and the command that
-runs the kit against them (:mod:`~epochal.testing.catalogue`).
+by :mod:`~epochal.testing.crashing`). The bug catalogue that measures the kit (broken
+variants of the reference connectors and the command that runs the kit against them) is part
+of epochal's own tests (``tests/conformance/mutants.py``, ``tests/conformance/catalogue.py``).
 
 Example (a connector's tests)::
 

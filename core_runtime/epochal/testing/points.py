@@ -1,5 +1,5 @@
 """The catalogue of crash points the kit kills at, per contract and guarantee, and the
-coverage table that shows each of them was killed (see :mod:`epochal.control.fault_plan` for
+coverage table that shows each of them was killed (see :mod:`epochal.base.fault_plan` for
 the points themselves and where each runs)."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 
+from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control import processes
-from epochal.control.fault_plan import FaultPlan
-from epochal.control.supervisor import submit
+from epochal.control.job_requests import submit
 from epochal.protocols.two_phase import recorded_decisions
 from epochal.state.jobs import JobDirectory, JobRecord
 from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for
@@ -72,7 +72,7 @@ class RealFailures:
         wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
         assert zombie["token"] != orphan["token"], "the pause fired in A's orphaned run"
-        lease = self.jobdir.lease()
+        lease = self.jobdir.lease.read()
         assert lease is not None
         # B is stopped: its last renewal is in the lease (or one made in the instant between
         # the pause's marker and B's SIGSTOP, which only makes C wait longer)
@@ -189,7 +189,7 @@ def check_zombie_wrote_nothing(
     """Nothing written through the zombie's (moved) state directory, and no commit decision
     of the zombie's epoch for the batch it was paused in or a later one."""
     epochs = sorted(os.listdir(f"{jobdir.path}/epochs"))
-    lease = jobdir.lease()
+    lease = jobdir.lease.read()
     assert lease is not None and epochs == [str(lease.state)], (
         f"the zombie wrote through its old state directory: epochs/ holds {epochs}"
     )

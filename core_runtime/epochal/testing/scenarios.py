@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epochal.api import Job
+from epochal.base.fault_plan import Fault, FaultPlan
 from epochal.config import JobConfig
-from epochal.control.fault_plan import Fault, FaultPlan
 from epochal.control.launcher import DriverPool
 from epochal.pipelines import SPEC_FILE
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus

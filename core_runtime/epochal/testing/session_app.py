@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args[0]
     spec = json.loads(os.environ[SPEC_ENV])
     from epochal import pipelines
-    from epochal.driver.session import SessionProfile, spark_session
     from epochal.spark.datasource import register
+    from epochal.startup.session import SessionProfile, spark_session
     from epochal.testing.scenarios import TEST_SPARK_CONF
 
     spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))

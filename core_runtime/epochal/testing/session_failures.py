@@ -28,8 +28,8 @@ import sys
 import time
 from typing import Any
 
-from epochal.control import processes
-from epochal.control.fault_plan import FaultPlan
+from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.real_failures import check_zombie_wrote_nothing
@@ -85,7 +85,7 @@ class SessionFailures:
         wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
         assert zombie["token"] == zombie_token, "the pause fired in another driver than B"
-        lease = self.jobdir.lease()
+        lease = self.jobdir.lease.read()
         assert lease is not None
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         committed = self._commits()

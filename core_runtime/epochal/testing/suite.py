@@ -9,7 +9,7 @@ independent reader: exactly-once means 0 lost, 0 duplicated, nothing left prepar
 unacknowledged; at-least-once means 0 lost.
 
 Each test is a :class:`Scenario`: one job run that goes through a *sequence* of failures, one
-after another (see :mod:`epochal.control.fault_plan`), so a handful of job runs cover every
+after another (see :mod:`epochal.base.fault_plan`), so a handful of job runs cover every
 crash point:
 
 ``points``          every crash point of the contracts under test, for each guarantee and
@@ -42,7 +42,7 @@ Before the scenarios, each suite runs the *contract checks* of its contracts
 (:mod:`epochal.testing.contract_checks`, ``test_contract[<check>]``): no Spark, the
 connector's objects driven through the runtime's protocol classes with crashes played by
 processes that die, milliseconds to seconds each. They catch most of the bugs of the kit's
-catalogue (:mod:`epochal.testing.catalogue`) before a Spark job starts.
+catalogue (epochal's ``tests/conformance/catalogue.py``) before a Spark job starts.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
+from epochal.base.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
 from epochal.control.launcher import DriverPool
 from epochal.state.jobs import JobStatus
 from epochal.testing.contract_checks import ContractCheck, Subject, checks_of, sql_record_ids

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epochal.parts import registry, secrets
+from epochal.base import secrets
+from epochal.parts import registry
 from epochal.parts.records import PartRecord
 from epochal.parts.spark_plan.capabilities import (
     DECLARED_GUARANTEE,

@@ -13,38 +13,37 @@ import os
 import time
 from typing import Any
 
-from epochal.control import processes
-from epochal.control.lease_keeper import DriverProcess
+from epochal.base import files, processes
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan.judgement import PartResult, Verdict, below, refusal_message
 from epochal.parts.spark_plan.reading import read_started_query
-from epochal.state import files
 from epochal.state.layout import JobLayout
+from epochal.state.lease.session import DriverJvm
 from epochal_sdk import Guarantee
 
 log = logging.getLogger("epochal.parts.spark_plan")
 
 SESSION_VERDICT_SUFFIX = ".verdict.json"
 """A session driver's verdict: ``sessions/<driver>.verdict.json`` in the job's directory,
-beside the driver's session record (:mod:`epochal.control.lease_keeper`)."""
+beside the driver's session record (:mod:`epochal.state.lease.session`)."""
 
 
-def session_driver(spark: Any) -> DriverProcess:
+def session_driver(spark: Any) -> DriverJvm:
     """The driver JVM of the classic SparkSession ``spark``, as its Python workers name it
-    (:meth:`DriverProcess.current`): its pid comes from the JVM itself, so it is right whether
+    (:meth:`DriverJvm.current`): its pid comes from the JVM itself, so it is right whether
     Python started the JVM (``python app.py``) or the JVM started Python (``spark-submit``)."""
     pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
-    return DriverProcess(pid, processes.start_ticks(pid) or 0)
+    return DriverJvm(pid, processes.start_ticks(pid) or 0)
 
 
-def session_verdict_path(job_dir: str, driver: DriverProcess) -> str:
+def session_verdict_path(job_dir: str, driver: DriverJvm) -> str:
     """Where the session check keeps ``driver``'s verdict for the job in ``job_dir``."""
     snapshot_dir, _, name = job_dir.rstrip("/").rpartition("/")
     sessions = JobLayout(snapshot_dir, name).sessions
     return os.path.join(sessions, f"{driver.key}{SESSION_VERDICT_SUFFIX}")
 
 
-def check_session_query(spark: Any, query_id: str, driver: DriverProcess) -> dict[str, Any] | None:
+def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[str, Any] | None:
     """Check a query just started in a plain session (``epochal.register``'s listener calls
     it from ``onQueryStarted``, before Spark plans the query's sources and sink).
 
@@ -123,7 +122,7 @@ def session_refusal(context: JobContext) -> str | None:
     write."""
     if context.supervised or not context.job_dir:
         return None
-    path = session_verdict_path(context.job_dir, DriverProcess.current())
+    path = session_verdict_path(context.job_dir, DriverJvm.current())
     try:
         with open(path) as fh:
             found = json.load(fh)

@@ -13,8 +13,8 @@ contract says.
 
 The checks of a suite (:meth:`~epochal.testing.suite.ConformanceSuite.contract_cases`) are
 collected as ``test_contract[<check>]`` before the Spark scenarios, and the bug
-catalogue (:mod:`epochal.testing.catalogue`) runs them against broken connectors to show that
-each one fails. Where a bug shows only under a real crash in a real job, the Spark scenarios
+catalogue (epochal's ``tests/conformance/catalogue.py``) runs them against broken connectors to show
+that each one fails. Where a bug shows only under a real crash in a real job, the Spark scenarios
 of :mod:`epochal.testing.suite` catch it.
 """
 

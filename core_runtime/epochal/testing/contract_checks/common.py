@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from epochal.parts import registry, secrets
+from epochal.base import secrets
+from epochal.parts import registry
 from epochal.spark.common import user_options
 from epochal_sdk import (
     ConnectorContext,

@@ -4,8 +4,8 @@ and idempotent sink) or of the test queue (``testqueue``, an acknowledging sourc
 first line of each class's docstring names the bug and the guarantee it breaks.
 
 Each mutant is a connector of its own (``mutant-<base>-<bug>``), so that Spark's Python
-workers can build it: load them with ``EPOCHAL_PLUGINS=epochal.testing.mutants``. The bug
-catalogue (:mod:`epochal.testing.catalogue`) runs the kit against every one of them and shows
+workers can build it: load them with ``EPOCHAL_PLUGINS=tests.conformance.mutants``. The bug
+catalogue (:mod:`tests.conformance.catalogue`) runs the kit against every one of them and shows
 which case catches it. Needs ``epochal-map`` (installed next to the kit).
 """
 
@@ -458,6 +458,6 @@ def bug_of(name: str) -> str:
 
 @hookimpl
 def register_connectors(register: Callable[[type], None]) -> None:
-    """Register every mutant (``EPOCHAL_PLUGINS=epochal.testing.mutants``)."""
+    """Register every mutant (``EPOCHAL_PLUGINS=tests.conformance.mutants``)."""
     for connector in CONNECTORS.values():
         register(connector)

@@ -1,11 +1,11 @@
 """The kit's bug catalogue: the kit run against every broken variant of the reference
-connectors (:mod:`epochal.testing.mutants`), and a table of what caught each one.
+connectors (:mod:`tests.conformance.mutants`), and a table of what caught each one.
 
 ::
 
-    python -m epochal.testing.catalogue            # the table
-    python -m epochal.testing.catalogue --json     # the same, as JSON
-    python -m epochal.testing.catalogue --spark    # also each variant's Spark case, if any
+    python -m tests.conformance.catalogue            # the table
+    python -m tests.conformance.catalogue --json     # the same, as JSON
+    python -m tests.conformance.catalogue --spark    # also each variant's Spark case, if any
 
 For each variant the kit's cases run cheapest first and stop at the first failure: the
 contract checks of its contract (:mod:`epochal.testing.contract_checks`, no Spark), then, only
@@ -31,12 +31,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from epochal.control.fault_plan import Fault
+from epochal.base.fault_plan import Fault
 from epochal.control.launcher import DriverPool
 from epochal.parts import registry
 from epochal.testing.broker import TestBroker
 from epochal.testing.contract_checks import ContractCheck, Subject, checks_of
-from epochal.testing.mutants import MUTANT_PARTS, bug_of
 from epochal.testing.scenarios import Scenario, run_case
 from epochal.testing.suite import (
     ConformanceSuite,
@@ -46,8 +45,9 @@ from epochal.testing.suite import (
 )
 from epochal_map.testing import MapSinkUnderTest, MapSourceUnderTest
 from epochal_sdk import Guarantee
+from tests.conformance.mutants import MUTANT_PARTS, bug_of
 
-PLUGINS = ("epochal.testing.broker", "epochal.testing.mutants")
+PLUGINS = ("epochal.testing.broker", "tests.conformance.mutants")
 """The plugin modules the catalogue loads (here and in the drivers): the test queue and the
 variants."""
 SIDE = {
@@ -374,10 +374,10 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m epochal.testing.catalogue``: print the table (or JSON); 1 when a variant
+    """``python -m tests.conformance.catalogue``: print the table (or JSON); 1 when a variant
     survives or a reference fails a check."""
     parser = argparse.ArgumentParser(
-        prog="python -m epochal.testing.catalogue",
+        prog="python -m tests.conformance.catalogue",
         description="Run the conformance kit against broken variants of the reference "
         "connectors and show which case catches each.",
     )

@@ -13,7 +13,7 @@ Actions (the default is ``driver`` for driver points, ``executor`` for executor 
 
 ``driver``      SIGKILL every process of the driver run: the Python driver, its JVM, every
                 PySpark daemon and worker (they carry the run's token, see
-                :mod:`epochal.control.processes`).
+                :mod:`epochal.base.processes`).
 ``executor``    SIGKILL the executor JVM above this Python worker on a cluster
                 (``local-cluster``), the Python worker itself in local mode.
 ``worker``      SIGKILL only the Python process that reached the point (a driver-side
@@ -40,8 +40,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from epochal.control.processes import RUN_TOKEN_ENV, SUPERVISOR_PID_ENV, processes_of
-from epochal.state import files
+from epochal.base import files
+from epochal.base.processes import RUN_TOKEN_ENV, SUPERVISOR_PID_ENV, processes_of
 from epochal_sdk import ConfigError
 
 DRIVER_POINTS = {

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from epochal.state import objectstore
 from epochal.state.checkpoint import Checkpoint
 from epochal.state.layout import EPOCHS, LEASE_RECORD
-from epochal.state.lease import Lease
+from epochal.state.lease.record import Lease
 from epochal.state.store import SnapshotStore, get_record
 from epochal_sdk import FencedError
 
@@ -87,7 +87,7 @@ class Fence:
         object store: the lease is at this run's epoch. On a local file system the run's
         state directory must still exist (a take-over renames it), and the lease must not be
         at a later epoch; a lower one is a stale record that a holder paused mid-write put
-        back (see :meth:`~epochal.state.jobs.JobDirectory.renew_lease`), not a take-over."""
+        back (see :meth:`~epochal.state.lease.swaps.JobLease.renew`), not a take-over."""
         assert self.job_path is not None
         if "://" in self.job_path:
             return lease_epoch == self.epoch

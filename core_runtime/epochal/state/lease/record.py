@@ -4,11 +4,11 @@ A job's lease (``<job>/lease.json``, see :class:`~epochal.state.layout.JobLayout
 holder: a supervisor (``epochal run``) or a driver that started the job's query itself in a
 plain SparkSession (under YARN, Kubernetes, a restart loop, a Spark Connect server: see
 :mod:`epochal.control.lease_keeper`). Every take-over writes a greater *epoch*, the fencing token
-that every protocol step checks (:mod:`epochal.state.fence`). The holder renews the lease; a new
-holder waits until it expired (its TTL after the last renewal), or takes it at once when it
+that every protocol step checks (:mod:`epochal.state.lease.fence`). The holder renews the lease; a
+new holder waits until it expired (its TTL after the last renewal), or takes it at once when it
 can prove the old holder dead (same host, its process gone).
 
-This module owns the record's format; :class:`~epochal.state.jobs.JobDirectory` swaps it (under a
+This module owns the record's format; :class:`~epochal.state.lease.swaps.JobLease` swaps it (under a
 lock on a local file system, with a compare-and-swap on an object store).
 """
 
@@ -21,7 +21,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from epochal.control import processes
+from epochal.base import processes
 
 LEASE_TTL = 20.0
 """Default lease time-to-live (seconds); a job's ``lease_ttl`` setting overrides it."""

@@ -1,0 +1,95 @@
+"""What a job's record is asked outside a running supervisor: a job submitted (its record
+written, not run), a cancel or a suspend requested (done here when no supervisor holds the
+job's lease), and whether a job that says it runs has lost its supervisor."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from epochal.config import JobConfig
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.locks import JobError
+
+
+def _target_name(target: str | Callable[..., Any]) -> str:
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise JobError(
+            f"{target!r} cannot be imported by the driver process: pass 'module:function' "
+            "for a function defined at the top level of an importable module"
+        )
+    return f"{module}:{qualname}"
+
+
+def submit(
+    name: str,
+    target: str | Callable[..., Any],
+    config: JobConfig | None = None,
+    *,
+    replace: bool = False,
+) -> JobDirectory:
+    """Create (or, with ``replace``, re-create) the record of a job without running it."""
+    config = config or JobConfig()
+    jobdir = JobDirectory(config.snapshot_dir, name)
+    target_name = _target_name(target)
+    if jobdir.exists():
+        existing = jobdir.load()
+        if replace or existing.status == JobStatus.CANCELLED:
+            jobdir.delete_snapshots()
+        elif existing.target != target_name or existing.config != config.to_dict():
+            raise JobError(
+                f"job {name!r} already exists with another target or config; resume it with "
+                "`python -m epochal jobs resume`, cancel it first, or submit under another name"
+            )
+        else:
+            return jobdir
+    record = JobRecord(
+        name=name,
+        target=target_name,
+        config=config.to_dict(),
+        python_path=[os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p)][:20]],
+    )
+    jobdir.save(record)
+    return jobdir
+
+
+def request(jobdir: JobDirectory, what: str) -> JobRecord:
+    """Ask the job to cancel or suspend. If no supervisor runs it, do it here."""
+    if not jobdir.load().target:
+        raise JobError(
+            f"job {jobdir.name!r} runs in a driver's own SparkSession (not under `epochal "
+            f"run`): nothing here can {what} it. Stop that application (and its restarter); "
+            "its lease is released when its driver ends"
+        )
+    with jobdir.update() as record:
+        if record.status.finished and what != "cancel":
+            raise JobError(f"job {record.name!r} is {record.status.value}; nothing to {what}")
+        record.requested = what
+        live = lease_live(jobdir)
+        if not live:
+            if what == "cancel":
+                record.status = JobStatus.CANCELLED
+            elif what == "suspend":
+                record.status = JobStatus.SUSPENDED
+            record.requested = None
+    if not live and what == "cancel":
+        jobdir.delete_snapshots()
+    return jobdir.load()
+
+
+def lease_live(jobdir: JobDirectory) -> bool:
+    """Whether a supervisor holds the job's lease now (renewed within its TTL, alive)."""
+    lease = jobdir.lease.read()
+    return bool(lease and lease.live)
+
+
+def orphaned(jobdir: JobDirectory, record: JobRecord) -> bool:
+    """Whether the record says the job runs but no supervisor holds its lease: its
+    supervisor died (resume it with ``python -m epochal jobs resume NAME``)."""
+    return record.status.live and not lease_live(jobdir)
