@@ -43,7 +43,17 @@ PACKAGES = [
         for p in glob.glob(os.path.join(ROOT, "connectors", "*", "pyproject.toml"))
     ),
 ]
-DEV_MODULES = ("pytest", "pytest_timeout", "ruff", "grpc", "grpc_status", "zstandard", "sphinx")
+DEV_MODULES = (
+    "pytest",
+    "pytest_timeout",
+    "ruff",
+    "grpc",
+    "grpc_status",
+    "zstandard",
+    "sphinx",
+    "mypy",
+    "wheel",
+)
 """Modules of the dev tools (the workspace's dev extras) that ``--check`` looks for."""
 
 
