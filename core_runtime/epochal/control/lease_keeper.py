@@ -47,7 +47,8 @@ from epochal.control import processes
 from epochal.state import files
 from epochal.state.layout import JobLayout
 from epochal.state.lease import LEASE_TTL, SESSION, new_owner
-from epochal_sdk import EpochalError, FencedError, Guarantee
+from epochal_sdk import EpochalError, Guarantee
+from epochal_sdk.errors import FencedError
 
 KEEPER_MODULE = "epochal.control.lease_keeper"
 START_GRACE_SECONDS = 30.0

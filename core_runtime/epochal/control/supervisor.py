@@ -44,7 +44,8 @@ from epochal.state.jobs import (
 )
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease import new_owner
-from epochal_sdk import FencedError, SnapshotError
+from epochal_sdk import SnapshotError
+from epochal_sdk.errors import FencedError
 
 Reporter = Callable[[str], None]
 
@@ -225,7 +226,7 @@ class Supervisor:
 
         server = serve(self.jobdir, self.metrics_endpoint)
         host, port = server.server_address[:2]
-        self.metrics_url = f"http://{host}:{port}/metrics"
+        self.metrics_url = f"http://{host!s}:{port}/metrics"
         self.report(f"[{self.jobdir.name}] metrics (Prometheus text): {self.metrics_url}")
         return server
 

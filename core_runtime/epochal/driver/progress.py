@@ -19,7 +19,7 @@ from epochal.control.messages import emit
 from epochal.state.checkpoint import record_manifest
 from epochal.state.fence import Fence
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
-from epochal_sdk import FencedError
+from epochal_sdk.errors import FencedError
 
 log = logging.getLogger("epochal.driver")
 

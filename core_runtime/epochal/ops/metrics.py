@@ -198,7 +198,7 @@ def collect(
     return state
 
 
-def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int) -> None:
+def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int | None) -> None:
     key = f"{entry['kind']}-{entry['part']}"
     part = state["parts"].setdefault(
         key,
@@ -555,7 +555,7 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     server: MetricsServer
 
     def setup(self) -> None:
-        self.timeout = self.server.connection_timeout  # applied to the socket by setup()
+        self.timeout = self.server.connection_timeout  # type: ignore[misc]  # per connection
         super().setup()
 
     def do_GET(self) -> None:

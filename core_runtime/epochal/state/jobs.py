@@ -249,6 +249,7 @@ class JobDirectory:
         data, version = get_versioned_record(self.files, JOB_RECORD)
         if data is None:
             self.load()  # the clear "no such job" error
+        assert data is not None  # load() raised
         record = JobRecord.from_json(data)
         before = record.to_json()
         yield record
@@ -555,13 +556,13 @@ class JobDirectory:
             current = self.lease()
             held = self._held
             if current and current.owner == owner:
-                released = current.released_now()
+                ended = current.released_now()
             elif held is not None and self._holds(current, owner, held.epoch):
-                released = held.released_now()
+                ended = held.released_now()
             else:
                 return
             still_locked()
-            put_record(self.files, LEASE_RECORD, released.to_record())
+            put_record(self.files, LEASE_RECORD, ended.to_record())
 
     # -- driver runs ------------------------------------------------------------------------
     @property
