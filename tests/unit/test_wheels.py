@@ -38,9 +38,9 @@ def _packages(dist: str) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
-    """The files of each distribution's wheel, built from a copy of its directory (so the
-    build leaves nothing in the tree), all in one pip run."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each distribution's wheel, built from a copy of its directory (so the build leaves
+    nothing in the tree), all in one pip run."""
     work = tmp_path_factory.mktemp("wheels")
     sources = []
     for dist in DISTRIBUTIONS:
@@ -62,9 +62,14 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     for dist in DISTRIBUTIONS:
         with open(ROOT / dist / "pyproject.toml", "rb") as fh:
             name = tomllib.load(fh)["project"]["name"].replace("-", "_")
-        (wheel,) = out.glob(f"{name}-*.whl")
-        found[dist] = set(zipfile.ZipFile(wheel).namelist())
+        (found[dist],) = out.glob(f"{name}-*.whl")
     return found
+
+
+@pytest.fixture(scope="module")
+def wheels(built: dict[str, Path]) -> dict[str, set[str]]:
+    """The files of each distribution's wheel."""
+    return {dist: set(zipfile.ZipFile(wheel).namelist()) for dist, wheel in built.items()}
 
 
 # -- the paths a module resolves relative to itself --------------------------------------------
@@ -187,3 +192,49 @@ def test_the_wheel_carries_every_file_of_its_packages(
     }
     missing = sorted(tree - wheels[dist])
     assert not missing, f"the {dist} wheel lacks files of its packages: {missing}"
+
+
+INSTALLED_CHECK = """
+import os, sys
+import epochal, epochal_sdk, epochal_map, pyspark_epochal_map
+from epochal.startup import statefiles
+
+for module in (epochal, epochal_sdk, epochal_map, pyspark_epochal_map):
+    assert module.__file__.startswith(sys.prefix), module.__file__
+assert os.path.isfile(statefiles.SOURCE), statefiles.SOURCE
+assert pyspark_epochal_map.DefaultSource.name() == "epochal.map"
+"""
+
+
+def test_the_installed_wheels_work_without_the_checkout(
+    built: dict[str, Path], tmp_path: Path
+) -> None:
+    """The wheels installed into a virtual environment (its dependencies, such as pyspark,
+    from this interpreter's site-packages): the runtime finds the files it opens, Spark's
+    ``pyspark_epochal_map`` defines its source, and ``epochal connectors`` loads every
+    connector, all from the installed wheels, not from the checkout."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    python = str(venv / "bin" / "python")
+    install = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q"),
+            *("--disable-pip-version-check", *map(str, built.values())),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "EPOCHAL_PLUGINS"}}
+    for args in (["-c", INSTALLED_CHECK], ["-m", "epochal", "connectors"]):
+        done = subprocess.run(
+            [python, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("map", "kafka", "jdbc", "jms"):
+        assert f"format: epochal.{name}" in done.stdout, done.stdout
