@@ -60,8 +60,6 @@ class KafkaTransaction(RecordProducing, Transaction):
         super().__init__(sink)
         self.task = task
         self.batch = task.txn.batch  # a task's context: its batch is set
-        assert sink.marker_topic is not None  # a transactional sink has one (KafkaSink)
-        self.marker_topic: str = sink.marker_topic
         self.transactional_id = sink.transactional_id(task)
         self.query_id = task.query_id
         """Spark's query id (from the runtime's task context): it tells a marker of this query
@@ -185,6 +183,13 @@ class KafkaTransaction(RecordProducing, Transaction):
             )
             self.skipped = True
         return self.skipped
+
+    @property
+    def marker_topic(self) -> str:
+        """The sink's marker topic (a sink in transactional mode always has one)."""
+        topic = self.sink.marker_topic
+        assert topic is not None, "a Kafka transaction of a sink without a marker topic"
+        return topic
 
     def _look(self) -> Marker:
         """The marker of this id, read by the worker's marker consumer of its group (see
