@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -209,17 +210,23 @@ assert pyspark_epochal_map.DefaultSource.name() == "epochal.map"
 def test_the_installed_wheels_work_without_the_checkout(
     built: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The wheels installed into a virtual environment (its dependencies, such as pyspark,
-    from this interpreter's site-packages): the runtime finds the files it opens, Spark's
-    ``pyspark_epochal_map`` defines its source, and ``epochal connectors`` loads every
-    connector, all from the installed wheels, not from the checkout."""
+    """The wheels installed into a new virtual environment: the runtime finds the files it
+    opens, Spark's ``pyspark_epochal_map`` defines its source, and ``epochal connectors``
+    loads every connector, all from the installed wheels, not from the checkout. The
+    dependencies (pyspark, pyarrow, ...) come from this interpreter's site-packages, added to
+    the environment's path after its own (a ``.pth`` file), without the ``.pth`` files there
+    that put checkouts on the path."""
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-        timeout=120,
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()
+    (Path(purelib) / "dependencies.pth").write_text(f"{ours['purelib']}\n{ours['platlib']}\n")
     install = subprocess.run(
         [
             *(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q"),
