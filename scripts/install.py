@@ -52,6 +52,8 @@ DEV_MODULES = (
     "grpc_status",
     "zstandard",
     "sphinx",
+    "mypy",
+    "wheel",
 )
 """Modules of the dev tools (the workspace's dev extras) that ``--check`` looks for."""
 

@@ -61,7 +61,8 @@ from epochal_jdbc.copy import copy_batch
 
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.store import SnapshotStore
-from epochal_sdk import ConnectorContext, Field, Options, Prepared
+from epochal_sdk import ConnectorContext, Options, Prepared
+from epochal_sdk.schema import Field
 from integration.bench.common import machine, quantile, rotated, spread, write_plot
 
 SCHEMA = (
@@ -152,7 +153,7 @@ def run_2pc(
         txn = writer.begin(task)
         txn.write(batch)
         t0 = time.perf_counter()
-        prepared = Prepared(task.transaction_id, txn.prepare())
+        prepared = Prepared(str(task.txn), txn.prepare())
         txn.close()
         writer.close()
         t1 = time.perf_counter()
@@ -193,7 +194,7 @@ def run_plain(dsn: str, table: str, batches: list[pa.RecordBatch]) -> Result:
         txn = writer.begin(task)
         txn.write(batch)
         before_commit = time.perf_counter()
-        writer.commit(Prepared(task.transaction_id, txn.prepare()))
+        writer.commit(Prepared(str(task.txn), txn.prepare()))
         txn.close()
         writer.close()
         done = time.perf_counter()

@@ -9,13 +9,8 @@ import pyarrow as pa
 import pytest
 from epochal_jdbc import JdbcSink, JdbcSource
 
-from epochal_sdk import (
-    ConfigError,
-    ConnectorContext,
-    Field,
-    Options,
-    SchemaMismatchError,
-)
+from epochal_sdk import ConfigError, ConnectorContext, Options, SchemaMismatchError
+from epochal_sdk.schema import Field
 from integration.harness.plugin import PostgresDatabase
 
 pytestmark = pytest.mark.integration

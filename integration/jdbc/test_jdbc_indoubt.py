@@ -15,7 +15,8 @@ from epochal.ops.indoubt import main
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
-from epochal_sdk import ConnectorContext, Field, Options, Prepared
+from epochal_sdk import ConnectorContext, Options, Prepared
+from epochal_sdk.schema import Field
 from integration.harness.plugin import PostgresDatabase
 
 pytestmark = pytest.mark.integration

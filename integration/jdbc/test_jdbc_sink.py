@@ -16,7 +16,6 @@ from epochal.testing import prepare_transaction
 from epochal_sdk import (
     ConfigError,
     ConnectorContext,
-    Field,
     Guarantee,
     Options,
     PoisonRecordError,
@@ -25,6 +24,7 @@ from epochal_sdk import (
     RestartableError,
     SchemaMismatchError,
 )
+from epochal_sdk.schema import Field
 from integration.harness.plugin import PostgresDatabase
 from integration.harness.postgres import LocalPostgres, PostgresServer
 
@@ -73,9 +73,9 @@ def test_two_phase_commit_is_invisible_until_committed_and_commit_is_idempotent(
     task = _task(3)
     prepared = _prepare(sink, task, _batch(("a", "1"), ("b", "2")))
     assert _rows(postgres_db) == []
-    assert _prepared(postgres_db) == [task.transaction_id]
+    assert _prepared(postgres_db) == [str(task.txn)]
     assert [p.transaction_id for p in sink.in_doubt(RecoveryScope(task.transaction_prefix))] == [
-        task.transaction_id
+        str(task.txn)
     ]
     assert sink.in_doubt(RecoveryScope("ep.other")) == []
     sink.commit(prepared)
@@ -334,7 +334,7 @@ def test_binary_and_nested_columns_take_the_row_by_row_copy(postgres_db: Postgre
             }
         )
     )
-    sink.commit(Prepared(task.transaction_id, txn.prepare()))
+    sink.commit(Prepared(str(task.txn), txn.prepare()))
     txn.close()
     with postgres_db.connect() as conn:
         rows = conn.execute("SELECT key, raw, tags::text FROM b ORDER BY key").fetchall()

@@ -15,13 +15,13 @@ from epochal_jms.testing import broker_config, browse, browse_until, send, url_o
 from epochal_sdk import (
     ConfigError,
     ConnectorContext,
-    Field,
     Guarantee,
     Options,
     PoisonRecordError,
     RestartableError,
     SchemaMismatchError,
 )
+from epochal_sdk.schema import Field
 from integration.harness.jms import JmsQueue, JmsServer
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,6 @@ from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
 from epochal_sdk import (
     ConfigError,
     ConnectorContext,
-    Field,
     Guarantee,
     Options,
     RecoveryScope,
@@ -27,6 +26,7 @@ from epochal_sdk import (
     SchemaMismatchError,
     Split,
 )
+from epochal_sdk.schema import Field
 from integration.harness.kafka import KafkaServer
 
 pytestmark = [pytest.mark.integration]

@@ -10,19 +10,21 @@ Four contracts, one per way a system can take part in a snapshot:
 
 Every source and sink gets a :class:`ConnectorContext` (``self.context``: job, part id, run,
 query id, batch, partition, attempt, metrics); a sink's tasks get one too, with the ids
-derived from it (:class:`TransactionId`, :class:`WriterId`, :class:`RecordId`).
+derived from it (:class:`TransactionId`, :class:`WriterId`).
 
-``__all__`` is what a connector author uses; the runtime's own helpers stay in the modules.
+``__all__`` is what a connector author imports (the public API: docs/api/index.rst,
+"Stability"). The
+runtime's own names (the errors only it raises, the base classes ``Source`` and ``Sink``,
+``Field``, ``Metrics``) stay in their modules: ``epochal_sdk.errors``, ``epochal_sdk.sources``,
+``epochal_sdk.sinks``, ``epochal_sdk.schema``, ``epochal_sdk.context``.
 """
 
 from epochal_sdk.connector import Connector
-from epochal_sdk.context import ConnectorContext, Metrics
+from epochal_sdk.context import ConnectorContext
 from epochal_sdk.errors import (
     ConfigError,
     DataGoneError,
     EpochalError,
-    FencedError,
-    GuaranteeError,
     PoisonRecordError,
     RestartableError,
     SchemaMismatchError,
@@ -30,14 +32,13 @@ from epochal_sdk.errors import (
     unreachable,
 )
 from epochal_sdk.guarantees import Guarantee
-from epochal_sdk.ids import RecordId, RecoveryScope, TransactionId, WriterId
+from epochal_sdk.ids import RecoveryScope, TransactionId, WriterId
 from epochal_sdk.options import Options
-from epochal_sdk.schema import Field, Schema, row_of
+from epochal_sdk.schema import Schema
 from epochal_sdk.sinks import (
     IdempotentSink,
     IdempotentWriter,
     Prepared,
-    Sink,
     Transaction,
     TransactionalSink,
 )
@@ -46,10 +47,9 @@ from epochal_sdk.sources import (
     Message,
     Offsets,
     ReplayableSource,
-    Rows,
-    Source,
     Split,
 )
+from epochal_sdk.spark_format import define_default_source
 
 __all__ = [
     "AcknowledgingSource",
@@ -58,33 +58,25 @@ __all__ = [
     "ConnectorContext",
     "DataGoneError",
     "EpochalError",
-    "FencedError",
-    "Field",
     "Guarantee",
-    "GuaranteeError",
     "IdempotentSink",
     "IdempotentWriter",
     "Message",
-    "Metrics",
     "Offsets",
     "Options",
     "PoisonRecordError",
     "Prepared",
-    "RecordId",
     "RecoveryScope",
     "ReplayableSource",
     "RestartableError",
-    "Rows",
     "Schema",
     "SchemaMismatchError",
-    "Sink",
     "SnapshotError",
-    "Source",
     "Split",
     "Transaction",
     "TransactionId",
     "TransactionalSink",
     "WriterId",
-    "row_of",
+    "define_default_source",
     "unreachable",
 ]

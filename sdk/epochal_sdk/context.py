@@ -6,7 +6,8 @@ attempt and the schema it writes, with the ids derived from them (transaction, w
 record). A connector never reads the runtime's environment or Spark's task context for
 these: the runtime builds the context and hands it over with the options.
 
-:class:`Metrics` is the context's metrics handle: what a connector counts there (rows it
+:class:`~epochal_sdk.context.Metrics` is the context's metrics handle: what a connector counts
+there (rows it
 skipped, round trips, retries) shows up in the part's per-batch metrics next to what the
 runtime measures itself (records and bytes in and out, commit-phase latencies, ...).
 """
@@ -163,7 +164,8 @@ class ConnectorContext:
             while a query is planned for the first time).
         guarantee: the part's effective guarantee (the job's, lowered by options and by what
             the connector said it can give); exactly-once before it is known.
-        metrics: where the connector counts its own things (see :class:`Metrics`).
+        metrics: where the connector counts its own things (see
+            :class:`~epochal_sdk.context.Metrics`).
     """
 
     job: str = "default"
@@ -190,16 +192,11 @@ class ConnectorContext:
         return transaction_prefix(self.job, self.part_id)
 
     @property
-    def transaction_id(self) -> str:
-        """This task attempt's transaction id
-        (``<prefix>.<batch>.<partition>.<run>.<attempt>``, see
-        :class:`~epochal_sdk.TransactionId`): unique per task attempt, stable across retries of
-        the same step, never random. In a task only."""
-        return str(self.txn)
-
-    @property
     def txn(self) -> TransactionId:
-        """:attr:`transaction_id` as a value. In a task only."""
+        """This task attempt's transaction id
+        (``<prefix>.<batch>.<partition>.<run>.<attempt>``; ``str(task.txn)`` is the text):
+        unique per task attempt, stable across retries of the same step, never random. In a
+        task only."""
         batch, partition = self._task("a transaction id")
         return TransactionId(self.transaction_prefix, batch, partition, self.run, self.attempt)
 
@@ -213,7 +210,7 @@ class ConnectorContext:
 
     def record_id(self, position: int) -> str:
         """The id of the ``position``-th record (from 0) this task writes: the same on every
-        replay of the batch (see :class:`~epochal_sdk.RecordId`). In a task only."""
+        replay of the batch (see :class:`~epochal_sdk.ids.RecordId`). In a task only."""
         batch, partition = self._task("a record id")
         return str(RecordId(self.job, self.part_id, batch, partition, position))
 
@@ -224,22 +221,3 @@ class ConnectorContext:
                 f"this one has batch {self.batch}, partition {self.partition}"
             )
         return self.batch, self.partition
-
-
-def context_property(doc: str) -> Any:
-    """The ``context`` property of sources and sinks: the context the runtime handed over
-    with the options. A connector class that sets its own ``self.context`` (written before
-    this property existed) keeps its value."""
-
-    def get(self: Any) -> Any:
-        own = self.__dict__.get("_own_context")
-        if own is not None:
-            return own
-        options = self.__dict__.get("options")
-        found = getattr(options, "context", None)
-        return found if found is not None else ConnectorContext()
-
-    def put(self: Any, value: Any) -> None:
-        self.__dict__["_own_context"] = value
-
-    return property(get, put, doc=doc)

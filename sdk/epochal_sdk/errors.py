@@ -55,7 +55,7 @@ class ConfigError(EpochalError):
 class SchemaMismatchError(EpochalError):
     """The data's columns do not fit the target (a table, a map, a topic's format).
 
-    Raise it from :meth:`Sink.check <epochal_sdk.Sink.check>` (or wherever a mismatch
+    Raise it from :meth:`Sink.check <epochal_sdk.sinks.Sink.check>` (or wherever a mismatch
     shows) with one message that names the columns and what to change; the job fails.
     """
 

@@ -1,16 +1,21 @@
-"""The plugin hooks. A connector package is a pluggy plugin found through the ``epochal``
-entry point group::
+"""The plugin hook. A connector package is a pluggy plugin found through the ``epochal``
+entry point group, named after the connector. The entry point names the
+:class:`~epochal_sdk.Connector` class, which implements the hook itself
+(:meth:`Connector.register_connectors <epochal_sdk.Connector.register_connectors>`)::
 
     # pyproject.toml
     [project.entry-points.epochal]
-    map = "epochal_map.plugin"
+    jsonl = "epochal_jsonl.connector:JsonlConnector"
 
-    # epochal_map/plugin.py
+A plugin module that registers several connectors implements the hook with the marker::
+
+    # pyproject.toml:  jsonl = "epochal_jsonl.plugin"
+    # epochal_jsonl/plugin.py
     from epochal_sdk.hookspecs import hookimpl
 
     @hookimpl
     def register_connectors(register):
-        register(MapConnector)
+        register(JsonlConnector)
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class TransactionId:
     Unique per task attempt, the same on a retry of the same step, never random; the run
     grows at every query start, so a new run never reuses an old id and recovery can tell
     which run prepared a transaction. A task gets its own as
-    :attr:`ConnectorContext.transaction_id <epochal_sdk.ConnectorContext.transaction_id>`;
+    :attr:`ConnectorContext.txn <epochal_sdk.ConnectorContext.txn>`;
     ``str(txn)`` is the id, :meth:`parse` reads one back.
 
     Attributes:

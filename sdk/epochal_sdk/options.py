@@ -157,17 +157,27 @@ class Options(Mapping[str, str]):
 
     @overload
     def int(
-        self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+        self,
+        key: builtins.str,
+        default: int,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
     ) -> int: ...
 
     @overload
     def int(
-        self, key: str, default: None, *, minimum: int | None = None, maximum: int | None = None
+        self,
+        key: builtins.str,
+        default: None,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
     ) -> int | None: ...
 
     def int(
         self,
-        key: str,
+        key: builtins.str,
         default: int | None,
         *,
         minimum: int | None = None,
@@ -203,7 +213,7 @@ class Options(Mapping[str, str]):
 
     def float(
         self,
-        key: str,
+        key: builtins.str,
         default: float,
         *,
         minimum: float | None = None,
@@ -237,7 +247,7 @@ class Options(Mapping[str, str]):
             raise self.error(key, f"{value:g} is above {high:g}", f"Give {high:g} or less.")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: bool) -> bool:
         """The option as a boolean: ``true``/``false``, ``yes``/``no``, ``on``/``off`` or
         ``1``/``0`` (any case), or ``default`` when it is absent or empty.
 
@@ -257,7 +267,9 @@ class Options(Mapping[str, str]):
             return False
         raise self.error(key, f"{raw!r} is not a boolean", "Use true or false.")
 
-    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+    def choice(
+        self, key: builtins.str, default: builtins.str, choices: tuple[builtins.str, ...]
+    ) -> builtins.str:
         """The option as one of ``choices``, lower-cased, or ``default`` when it is absent.
 
         Args:

@@ -23,7 +23,7 @@ class Field:
 
 
 Schema = tuple[Field, ...]
-"""The columns a sink receives, in order: what :meth:`Sink.check <epochal_sdk.Sink.check>`
+"""The columns a sink receives, in order: what :meth:`Sink.check <epochal_sdk.sinks.Sink.check>`
 gets and :attr:`ConnectorContext.schema <epochal_sdk.ConnectorContext.schema>` holds."""
 
 
@@ -82,7 +82,9 @@ def row_of(values: dict[str, object], columns: tuple[str, ...]) -> tuple[object,
 
 def _top_level(text: str, separator: str) -> list[str]:
     """``text`` split at ``separator`` outside ``<>``, ``()`` and quotes."""
-    parts, depth, quote, current = [], 0, "", []
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
     for char in text:
         if quote:
             quote = "" if char == quote else quote

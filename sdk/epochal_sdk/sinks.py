@@ -8,8 +8,8 @@ Where a sink's code runs (every call gets a sink object built for it, ``YourSink
 and ``close`` after it; nothing in memory survives between calls):
 
 * **the driver's planner**: plans the write of every batch
-  (:meth:`~epochal_sdk.Sink.max_guarantee`, :meth:`~epochal_sdk.Sink.sink_mode`); at the
-  first plan of each run (each query start) it also calls :meth:`~epochal_sdk.Sink.check`
+  (:meth:`~epochal_sdk.sinks.Sink.max_guarantee`, :meth:`~epochal_sdk.sinks.Sink.sink_mode`); at the
+  first plan of each run (each query start) it also calls :meth:`~epochal_sdk.sinks.Sink.check`
   and then, for a transactional sink, recovery
   (:meth:`~epochal_sdk.TransactionalSink.in_doubt`,
   :meth:`~epochal_sdk.TransactionalSink.commit`,
@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from epochal_sdk.context import ConnectorContext, context_property
+from epochal_sdk.context import ConnectorContext
 from epochal_sdk.guarantees import Guarantee
 from epochal_sdk.ids import RecoveryScope
 from epochal_sdk.options import Options
@@ -51,8 +51,8 @@ class Prepared:
     """A prepared transaction: its id and what the sink needs to commit or roll it back.
     Travels from the task to the driver and into the snapshot, so ``data`` must be JSON.
 
-    The runtime builds it from :attr:`ConnectorContext.transaction_id
-    <epochal_sdk.ConnectorContext.transaction_id>` and what :meth:`Transaction.prepare`
+    The runtime builds it from :attr:`ConnectorContext.txn
+    <epochal_sdk.ConnectorContext.txn>` and what :meth:`Transaction.prepare`
     returned, records it in the batch's commit decision, and hands it to
     :meth:`TransactionalSink.commit` and :meth:`~TransactionalSink.rollback`. A sink's
     :meth:`~TransactionalSink.in_doubt` rebuilds it from the system.
@@ -92,12 +92,13 @@ class Sink(ABC):
     def __init__(self, options: Options) -> None:
         self.options = options
 
-    context: ConnectorContext = context_property(
+    @property
+    def context(self) -> ConnectorContext:
         """Where this sink object runs: job, part id, run, query id, and in a task the batch,
         partition and attempt, plus the metrics handle (see
         :class:`~epochal_sdk.ConnectorContext`). Handed over by the runtime with the
         options; never read the environment or Spark for these."""
-    )
+        return self.options.context
 
     def max_guarantee(self) -> Guarantee:
         """The strongest guarantee this sink can give with these options and this server.
@@ -273,7 +274,7 @@ class TransactionalSink(Sink):
 
     @abstractmethod
     def begin(self, task: ConnectorContext) -> Transaction:
-        """Start the transaction of one task, named ``task.transaction_id``.
+        """Start the transaction of one task, named ``str(task.txn)``.
 
         Called in a task on an executor, once per task attempt: for every Spark partition of
         every batch (also one without records), and again for each retry of the task (a new
@@ -281,7 +282,7 @@ class TransactionalSink(Sink):
         already decided. ``self.context`` is ``task``.
 
         Args:
-            task: the task's context: ``task.transaction_id`` (unique per task attempt,
+            task: the task's context: ``str(task.txn)`` (unique per task attempt,
                 stable, never random; use it as the system's transaction id or put it where
                 :meth:`in_doubt` finds it), ``task.batch``, ``task.partition``,
                 ``task.attempt``, ``task.schema``, ``task.writer_id``, ``task.metrics``.
@@ -391,7 +392,7 @@ class IdempotentSink(Sink):
         """The columns that make a record's key.
 
         Called in every task (the runtime digests the keys it writes) and must name columns
-        of the query (check that in :meth:`~Sink.check`).
+        of the query (check that in :meth:`~epochal_sdk.sinks.Sink.check`).
 
         Returns:
             Column names, e.g. ``("key",)``.

@@ -8,16 +8,17 @@ nothing in memory survives from one process to the next):
 
 * **the driver's long-lived source runner**: the Python worker Spark keeps on the driver for
   the life of one query run (from a query start to its stop or crash). It builds one source
-  object, calls :meth:`~epochal_sdk.Source.check` on it first, then plans every batch with it
+  object, calls :meth:`~epochal_sdk.sources.Source.check` on it first, then plans every batch
+  with it
   (:class:`ReplayableSource`: ``partitions``, ``latest_offsets``, ...;
   :class:`AcknowledgingSource`: ``open`` once, then ``receive`` and ``acknowledge``) and
-  calls :meth:`~epochal_sdk.Source.close` when the query stops. A crash or a restart ends
+  calls :meth:`~epochal_sdk.sources.Source.close` when the query stops. A crash or a restart ends
   the process (without ``close``); the next run starts a new one.
 * **a task on an executor** (replayable sources only): a new source object per task, whose
   :meth:`~epochal_sdk.ReplayableSource.read` reads one split and whose ``close`` is called
   right after. An acknowledging source is never built in a task: tasks read the stored batch.
 * **the driver's planner**: builds a short-lived source object to ask for
-  :meth:`~epochal_sdk.Source.schema` when a query is defined.
+  :meth:`~epochal_sdk.sources.Source.schema` when a query is defined.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from epochal_sdk.context import ConnectorContext, context_property
+from epochal_sdk.context import ConnectorContext
 from epochal_sdk.guarantees import Guarantee
 from epochal_sdk.options import Options
 from epochal_sdk.schema import column_names
@@ -44,7 +45,7 @@ Offsets = dict[str, Offset]
 """Positions by partition id. Stored in Spark's offset log, i.e. in the snapshot."""
 
 Rows = Iterator["tuple[Any, ...] | dict[str, Any] | pyarrow.RecordBatch"]
-"""What ``read`` yields: tuples in the order of :meth:`~epochal_sdk.Source.schema`'s
+"""What ``read`` yields: tuples in the order of :meth:`~epochal_sdk.sources.Source.schema`'s
 columns, dicts by column name (missing columns are null), or Arrow record batches in the
 schema (much faster)."""
 
@@ -85,12 +86,13 @@ class Source(ABC):
     def __init__(self, options: Options) -> None:
         self.options = options
 
-    context: ConnectorContext = context_property(
+    @property
+    def context(self) -> ConnectorContext:
         """Where this source object runs: job, part id, run, query id, and in a read task the
         batch, partition and attempt, plus the metrics handle (see
         :class:`~epochal_sdk.ConnectorContext`). Handed over by the runtime with the
         options; never read the environment or Spark for these."""
-    )
+        return self.options.context
 
     @abstractmethod
     def schema(self) -> str:
@@ -139,7 +141,8 @@ class Source(ABC):
         Called in the driver's source runner at the start of every run (each query start:
         the first one, a restart in place, a new driver), before :meth:`max_guarantee` and
         before the first batch is planned; on an acknowledging source also before
-        :meth:`~AcknowledgingSource.open`. Raise on bad options, a missing topic or table, an
+        :meth:`~epochal_sdk.AcknowledgingSource.open`. Raise on bad options, a missing topic or
+        table, an
         unreachable server (raise what :func:`~epochal_sdk.unreachable` returns: it fails a
         job that starts and restarts a job that ran). A source's ``check`` never creates what
         it reads.
@@ -152,7 +155,7 @@ class Source(ABC):
     def close(self) -> None:
         """Release connections. Called when this object is no longer needed: after
         :meth:`check` (the runtime checks on an object of its own), after a task's
-        :meth:`~ReplayableSource.read`, and when the query stops (the source runner's
+        :meth:`~epochal_sdk.ReplayableSource.read`, and when the query stops (the source runner's
         object). Never called on a process that is killed; it may be called twice, and on an
         object that never opened anything."""
 
@@ -281,7 +284,9 @@ class ReplayableSource(Source):
         Returns:
             The batch's end offsets, for each partition between its start and its latest.
         """
-        pending = {p: max(0, int(latest[p]) - int(start.get(p, latest[p]))) for p in latest}
+        pending = {
+            p: max(0, int(latest[p]) - int(start[p] if p in start else latest[p])) for p in latest
+        }
         end = dict(latest)
         remaining = max_records
         active = sorted(p for p, n in pending.items() if n > 0)
@@ -354,8 +359,9 @@ class AcknowledgingSource(Source):
     stored. The connector only receives and acknowledges.
 
     Every call below runs in the driver's long-lived source runner, on one object per query
-    run: :meth:`~Source.check`, :meth:`open` once, then :meth:`receive` at every trigger and
-    :meth:`acknowledge` after every snapshot, :meth:`~Source.close` when the query stops.
+    run: :meth:`~epochal_sdk.sources.Source.check`, :meth:`open` once, then :meth:`receive` at
+    every trigger and :meth:`acknowledge` after every snapshot,
+    :meth:`~epochal_sdk.sources.Source.close` when the query stops.
     Tasks never build the source. After a crash a new process opens a new object: every
     message received but not acknowledged before must come back from the system (a broker
     redelivers it to the new session by itself; a pull-based log must read its own pending
@@ -371,7 +377,8 @@ class AcknowledgingSource(Source):
         messages (size the broker's prefetch from it).
 
         Called once per query run in the driver's source runner, before the first
-        :meth:`receive` (at the first trigger, after :meth:`~Source.check`). A source over a
+        :meth:`receive` (at the first trigger, after
+        :meth:`~epochal_sdk.sources.Source.check`). A source over a
         log with pending lists starts here what :meth:`receive` replays: its own pending
         entries first.
 

@@ -113,7 +113,7 @@ def under_test(contract: str, connector: str, directory: str) -> SourceUnderTest
     else:
         base, file = MapSinkUnderTest, "sink.sqlite"
     renamed = type(base.__name__, (base,), {"connector": connector})
-    return renamed(os.path.join(directory, file))  # type: ignore[call-arg]
+    return renamed(os.path.join(directory, file))
 
 
 def other_side(contract: str, directory: str) -> SourceUnderTest | SinkUnderTest:
@@ -217,7 +217,7 @@ class Catalogue:
         )
 
 
-def _aligned(header: tuple[str, ...], lines: list[tuple[str, ...]]) -> list[str]:
+def _aligned(header: tuple[str, ...], lines: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     return [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()

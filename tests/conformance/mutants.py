@@ -30,13 +30,13 @@ from epochal_sdk import (
     Message,
     Prepared,
     RecoveryScope,
-    Source,
     Split,
     Transaction,
 )
 from epochal_sdk.connector import Connector
 from epochal_sdk.hookspecs import hookimpl
 from epochal_sdk.sinks import Sink
+from epochal_sdk.sources import Source
 
 
 # -- replayable source (the map's journal) -----------------------------------------------------
@@ -191,7 +191,7 @@ class VisiblePrepareSink(MapSink):
     failed attempt's or an undecided batch's rows stay (duplicates under exactly-once)."""
 
     def begin(self, task: ConnectorContext) -> Transaction:
-        return VisiblePrepareTransaction(self, task.transaction_id)
+        return VisiblePrepareTransaction(self, str(task.txn))
 
 
 class CarriedRowsTransaction(MapTransaction):
@@ -210,7 +210,7 @@ class RecommitSink(MapSink):
     under exactly-once)."""
 
     def begin(self, task: ConnectorContext) -> Transaction:
-        return CarriedRowsTransaction(self, task.transaction_id)
+        return CarriedRowsTransaction(self, str(task.txn))
 
     def commit(self, prepared: Prepared) -> None:
         items = [(str(k), str(v)) for k, v in (prepared.data or {}).get("items", [])]
@@ -256,7 +256,7 @@ class MemoryPrepareSink(MapSink):
     driver's commit, in another process, finds nothing to commit (records lost)."""
 
     def begin(self, task: ConnectorContext) -> Transaction:
-        return MemoryPrepareTransaction(self, task.transaction_id)
+        return MemoryPrepareTransaction(self, str(task.txn))
 
     def commit(self, prepared: Prepared) -> None:
         found = _IN_MEMORY.pop(prepared.transaction_id, None)
@@ -284,7 +284,7 @@ class SkipEmptyPrepareSink(MapSink):
     fails (unknown transaction) at every restart (the job never recovers)."""
 
     def begin(self, task: ConnectorContext) -> Transaction:
-        return SkipEmptyTransaction(self, task.transaction_id)
+        return SkipEmptyTransaction(self, str(task.txn))
 
 
 # -- idempotent sink (the map, upsert by key) --------------------------------------------------

@@ -16,7 +16,6 @@ from epochal_map import MapConnector, MapJournalSource, MapSink, MapStore, MapSt
 from epochal_sdk import (
     ConfigError,
     ConnectorContext,
-    Field,
     Options,
     PoisonRecordError,
     Prepared,
@@ -24,6 +23,7 @@ from epochal_sdk import (
     SchemaMismatchError,
     hookspecs,
 )
+from epochal_sdk.schema import Field
 
 SCHEMA = (Field("key", "string"), Field("value", "string"))
 
@@ -116,7 +116,7 @@ def test_prepare_is_invisible_until_commit(path: Path) -> None:
     assert json.loads(json.dumps(data)) == {"path": str(path), "map": "m"}
     assert entries(path) == {}
     assert journal_size(path) == 0
-    prepared = Prepared(task().transaction_id, data)
+    prepared = Prepared(str(task().txn), data)
     assert s.in_doubt(RecoveryScope(task().transaction_prefix)) == [prepared]
     s.commit(prepared)
     s.commit(prepared)  # idempotent
@@ -129,7 +129,7 @@ def test_rollback_drops_a_prepared_transaction(path: Path) -> None:
     s = sink(path, mode="transactional")
     txn = s.begin(task(partition=1))
     txn.write(batch(key=["a"], value=["1"]))
-    prepared = Prepared(task(partition=1).transaction_id, txn.prepare())
+    prepared = Prepared(str(task(partition=1).txn), txn.prepare())
     s.rollback(prepared)
     s.rollback(prepared)  # idempotent
     assert s.in_doubt(RecoveryScope(task().transaction_prefix)) == []
@@ -143,7 +143,7 @@ def test_abort_drops_and_fences_the_attempt(path: Path) -> None:
     txn = s.begin(task())
     txn.write(batch(key=["a"], value=["1"]))
     txn.abort()
-    with pytest.raises(MapStoreError, match=task().transaction_id):
+    with pytest.raises(MapStoreError, match=str(task().txn)):
         txn.prepare()
     assert entries(path) == {}
 
@@ -153,10 +153,10 @@ def test_in_doubt_only_for_this_prefix(path: Path) -> None:
     other = ConnectorContext("jobX1", "sink", 0, 0, 0, SCHEMA)
     for t in (task(), task(partition=1), other):
         txn = s.begin(t)
-        txn.write(batch(key=[t.transaction_id], value=["v"]))
+        txn.write(batch(key=[str(t.txn)], value=["v"]))
         txn.prepare()
     found = [p.transaction_id for p in s.in_doubt(RecoveryScope(task().transaction_prefix))]
-    assert found == [task().transaction_id, task(partition=1).transaction_id]
+    assert found == [str(task().txn), str(task(partition=1).txn)]
 
 
 # -- options and checks -------------------------------------------------------------------

@@ -28,7 +28,8 @@ from epochal.parts.spark_plan import (
     read_plan_sources,
     read_query,
 )
-from epochal_sdk import ConfigError, Guarantee, GuaranteeError
+from epochal_sdk import ConfigError, Guarantee
+from epochal_sdk.errors import GuaranteeError
 
 pytestmark = pytest.mark.spark
 

@@ -11,8 +11,8 @@ from epochal.control.failures import Failure, classify
 from epochal.control.messages import EXIT_DONE, EXIT_FATAL, EXIT_RESTARTABLE
 from epochal.parts.job_context import JobContext
 from epochal.spark.datasource import _job_start_checks
-from epochal_sdk import ConfigError, GuaranteeError, RestartableError, SnapshotError, unreachable
-from epochal_sdk.errors import STARTING_ENV, job_starting
+from epochal_sdk import ConfigError, RestartableError, SnapshotError, unreachable
+from epochal_sdk.errors import STARTING_ENV, GuaranteeError, job_starting
 
 
 def traceback_of(exc: BaseException) -> str:

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from epochal.parts.effective import effective
-from epochal_sdk import ConfigError, Guarantee, GuaranteeError
+from epochal_sdk import ConfigError, Guarantee
+from epochal_sdk.errors import GuaranteeError
 
 G = Guarantee
 

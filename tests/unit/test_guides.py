@@ -38,7 +38,6 @@ from epochal_sdk import (
     ConnectorContext,
     DataGoneError,
     EpochalError,
-    Field,
     IdempotentSink,
     Options,
     PoisonRecordError,
@@ -49,6 +48,7 @@ from epochal_sdk import (
     TransactionalSink,
 )
 from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.schema import Field
 
 GUIDES = Path(__file__).resolve().parents[2] / "docs" / "guides"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -360,7 +360,7 @@ class Files:
         finally:
             transaction.close()
             sink.close()
-        return Prepared(task.transaction_id, json.loads(json.dumps(data)))
+        return Prepared(str(task.txn), json.loads(json.dumps(data)))
 
     def protocol(self, run: int) -> Any:
         return two_phase_commit(self.store, self.sink(), "guides", "files-1", run=run)[0]

@@ -17,7 +17,8 @@ from epochal.protocols.transactions import two_phase_commit
 from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink, MapStore
-from epochal_sdk import ConnectorContext, Field, Options, Prepared
+from epochal_sdk import ConnectorContext, Options, Prepared
+from epochal_sdk.schema import Field
 
 SCHEMA = (Field("key", "string"), Field("value", "string"))
 JOB, SINK_ID = "ops", "map-ops"

@@ -25,7 +25,7 @@ from epochal.state.lease.record import LEASE_TTL, new_owner
 from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
 from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError, get_record, put_record
-from epochal_sdk import FencedError
+from epochal_sdk.errors import FencedError
 
 # `epochal.state.jobs` as an attribute is the `jobs()` function of epochal/__init__.py, which hides
 # the module (see test_the_jobs_module_is_reachable_as_an_attribute)

@@ -49,7 +49,8 @@ from epochal.state.store import (
     put_record,
     put_versioned_record,
 )
-from epochal_sdk import ConfigError, FencedError, SnapshotError
+from epochal_sdk import ConfigError, SnapshotError
+from epochal_sdk.errors import FencedError
 from integration.harness import HarnessError, PrerequisiteError
 from integration.harness.s3 import S3Bucket, S3Server, new_bucket, start_s3
 

@@ -13,7 +13,6 @@ from epochal_sdk import (
     ConfigError,
     Connector,
     ConnectorContext,
-    Field,
     Guarantee,
     IdempotentSink,
     Offsets,
@@ -24,6 +23,7 @@ from epochal_sdk import (
 )
 from epochal_sdk.guarantees import weakest
 from epochal_sdk.ids import batch_of, transaction_prefix
+from epochal_sdk.schema import Field
 
 # -- Guarantee ------------------------------------------------------------------------------
 
@@ -192,9 +192,9 @@ def test_transaction_id_round_trip(job: str, batch: int) -> None:
         == f"ep.{job}.map-0123456789"
         == transaction_prefix(job, "map-0123456789")
     )
-    assert task.transaction_id == f"ep.{job}.map-0123456789.{batch}.3.1700000000.2"
-    assert task.transaction_id.startswith(task.transaction_prefix + ".")
-    assert batch_of(task.transaction_id) == batch
+    assert str(task.txn) == f"ep.{job}.map-0123456789.{batch}.3.1700000000.2"
+    assert str(task.txn).startswith(task.transaction_prefix + ".")
+    assert batch_of(str(task.txn)) == batch
 
 
 def test_transaction_ids_differ_per_attempt_partition_and_run() -> None:
@@ -206,10 +206,10 @@ def test_transaction_ids_differ_per_attempt_partition_and_run() -> None:
         ConnectorContext("j", "s", 5, 0, 0, SCHEMA, run=1),
         ConnectorContext("j", "s", 6, 0, 0, SCHEMA),
     ]
-    ids = {base.transaction_id} | {t.transaction_id for t in others}
+    ids = {str(base.txn)} | {str(t.txn) for t in others}
     assert len(ids) == 5
     # the same step gives the same id (stable, never random)
-    assert ConnectorContext("j", "s", 5, 0, 0, SCHEMA).transaction_id == base.transaction_id
+    assert str(ConnectorContext("j", "s", 5, 0, 0, SCHEMA).txn) == str(base.txn)
 
 
 # -- Connector ------------------------------------------------------------------------------

@@ -35,17 +35,10 @@ from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink
-from epochal_sdk import (
-    ConfigError,
-    ConnectorContext,
-    FencedError,
-    Field,
-    Guarantee,
-    Options,
-    Prepared,
-    RecoveryScope,
-)
+from epochal_sdk import ConfigError, ConnectorContext, Guarantee, Options, Prepared, RecoveryScope
+from epochal_sdk.errors import FencedError
 from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.schema import Field
 
 TTL = 2.0
 JOB = "plain"

@@ -23,7 +23,8 @@ from epochal.parts.spark_plan import (
 )
 from epochal.state.layout import JobLayout
 from epochal.state.lease.session import DriverJvm
-from epochal_sdk import Guarantee, GuaranteeError
+from epochal_sdk import Guarantee
+from epochal_sdk.errors import GuaranteeError
 
 
 def _spark(role: Role, fmt: str, label: str, family: str | None = None) -> PlanPart:

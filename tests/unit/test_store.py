@@ -17,7 +17,8 @@ from epochal.state.store import (
     get_record,
     put_record,
 )
-from epochal_sdk import FencedError, SnapshotError
+from epochal_sdk import SnapshotError
+from epochal_sdk.errors import FencedError
 
 
 @pytest.fixture

@@ -19,8 +19,10 @@ from epochal.state.store import SnapshotStore, put_record
 from epochal.testing import prepare_transaction
 from epochal_map.sink import MapSink
 from epochal_map.store import MapStore
-from epochal_sdk import ConnectorContext, FencedError, Field, Options, Prepared
+from epochal_sdk import ConnectorContext, Options, Prepared
+from epochal_sdk.errors import FencedError
 from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.schema import Field
 
 JOB = "orders-job_1"
 SINK_ID = "map-0123456789"

@@ -105,7 +105,8 @@ class JdbcSink(TransactionalSink, IdempotentSink):
             return Guarantee.AT_LEAST_ONCE
         if self.mode == "idempotent":
             return Guarantee.EXACTLY_ONCE
-        allowed = int(self._execute("SHOW max_prepared_transactions", at_start=True).fetchone()[0])
+        shown = self._execute("SHOW max_prepared_transactions", at_start=True).fetchone()
+        allowed = int(shown[0]) if shown else 0
         if allowed == 0:
             self.reason = (
                 f"table {self.table}: the server has max_prepared_transactions = 0, so "
@@ -160,9 +161,10 @@ class JdbcSink(TransactionalSink, IdempotentSink):
         conn: Connection[Any], table: TableName
     ) -> dict[str, tuple[str, str, bool]] | None:
         """``name -> (type name, type category, required)`` of an existing table, else None."""
-        regclass = conn.execute(
+        found = conn.execute(
             "SELECT to_regclass(%s)::oid", (table.sql().as_string(conn),)
-        ).fetchone()[0]
+        ).fetchone()
+        regclass = found[0] if found else None
         if regclass is None:
             return None
         rows = conn.execute(
@@ -313,11 +315,10 @@ class JdbcSink(TransactionalSink, IdempotentSink):
 
     def begin(self, task: ConnectorContext) -> Transaction:
         """The database transaction of one task, prepared as ``task.transaction_id``."""
-        if len(task.transaction_id.encode()) > GID_MAX:
+        if len(str(task.txn).encode()) > GID_MAX:
             raise self.options.error(
                 "epochal.id",
-                f"transaction id {task.transaction_id!r} is longer than PostgreSQL's "
-                f"{GID_MAX} bytes",
+                f"transaction id {str(task.txn)!r} is longer than PostgreSQL's {GID_MAX} bytes",
                 "Use a shorter job name, or a short .option('epochal.id', ...) for the sink.",
             )
         return PgTransaction(self, task)
@@ -495,7 +496,7 @@ class PgTransaction(_TaskWriter, Transaction):
     def _begin(self) -> Connection[Any]:
         conn = super()._begin()
         self.two_phase = self.sink.mode == "transactional" and (
-            int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0
+            int((conn.execute("SHOW max_prepared_transactions").fetchone() or (0,))[0]) > 0
         )
         return conn
 
@@ -503,7 +504,7 @@ class PgTransaction(_TaskWriter, Transaction):
         """Phase 1. In ``plain`` mode (or without prepared transactions) commit right away."""
         if self.conn is None:
             return {"rows": 0}
-        gid = self.task.transaction_id
+        gid = str(self.task.txn)
         try:
             if not self.two_phase:
                 self.conn.execute("COMMIT")
@@ -565,7 +566,9 @@ class UpsertWriter(_TaskWriter, IdempotentWriter):
         cols = sql.SQL(", ").join(ident(c) for c in self.columns)
         others = [c for c in self.columns if c not in keys]
         if others:
-            action = sql.SQL("DO UPDATE SET {} WHERE ({}) IS DISTINCT FROM ({})").format(
+            action: sql.Composable = sql.SQL(
+                "DO UPDATE SET {} WHERE ({}) IS DISTINCT FROM ({})"
+            ).format(
                 sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(ident(c)) for c in others),
                 sql.SQL(", ").join(sql.SQL("t.{}").format(ident(c)) for c in others),
                 sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(ident(c)) for c in others),

@@ -2,7 +2,7 @@
 
 Contract: :class:`~epochal_sdk.IdempotentSink`. Every message carries an ID derived from the
 job, the sink, the batch, the Spark partition and the record's position in the task (never
-the attempt or the run: the SDK's :class:`~epochal_sdk.RecordId`), in the header
+the attempt or the run: the SDK's :class:`~epochal_sdk.ids.RecordId`), in the header
 ``idHeader`` (``_AMQ_DUPL_ID`` by default). A task sends its messages inside one STOMP
 transaction and ``flush`` commits it with a receipt.
 

@@ -267,6 +267,7 @@ class KafkaSource(ReplayableSource):
         if isinstance(starting, tuple):  # ("timestamp", ms)
             found = self._list_offsets({p: OffsetSpec.for_timestamp(starting[1]) for p in wanted})
             return {p: latest[p] if found[p] < 0 else max(found[p], earliest[p]) for p in wanted}
+        assert isinstance(starting, dict)  # per topic and partition (KafkaSource.starting)
         out = {}
         for p in wanted:
             topic, number = parse_partition_id(p)

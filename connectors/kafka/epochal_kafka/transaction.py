@@ -58,6 +58,7 @@ class KafkaTransaction(RecordProducing, Transaction):
     def __init__(self, sink: SinkSettings, task: ConnectorContext) -> None:
         super().__init__(sink)
         self.task = task
+        self.batch = task.txn.batch  # a task's context: its batch is set
         self.transactional_id = sink.transactional_id(task)
         self.query_id = task.query_id
         """Spark's query id (from the runtime's task context): it tells a marker of this query
@@ -172,7 +173,7 @@ class KafkaTransaction(RecordProducing, Transaction):
         by what ``held`` itself committed (its own last commit may not be readable yet).
         Sets ``skipped``."""
         written = last_written(marker, held, self.query_id)
-        if written >= self.task.batch:
+        if written >= self.batch:
             log.info(
                 "kafka sink: %s already committed batch %s (marker %s): writing nothing",
                 self.transactional_id,
@@ -182,19 +183,26 @@ class KafkaTransaction(RecordProducing, Transaction):
             self.skipped = True
         return self.skipped
 
+    @property
+    def marker_topic(self) -> str:
+        """The sink's marker topic (a sink in transactional mode always has one)."""
+        topic = self.sink.marker_topic
+        assert topic is not None, "a Kafka transaction of a sink without a marker topic"
+        return topic
+
     def _look(self) -> Marker:
         """The marker of this id, read by the worker's marker consumer of its group (see
         :func:`~epochal_kafka.marker.read_marker`)."""
         sink = self.sink
         with self._calling("reading the marker"):
-            return read_marker(sink.config, self.transactional_id, sink.marker_topic, sink.timeout)
+            return read_marker(sink.config, self.transactional_id, self.marker_topic, sink.timeout)
 
     def _register(self) -> None:
         """Commit marker ``REGISTERED`` (outside any transaction) for a new id: the groups
         are how recovery finds every id to fence."""
         sink = self.sink
         with self._calling("registering the id"):
-            register_marker(sink.config, self.transactional_id, sink.marker_topic, sink.timeout)
+            register_marker(sink.config, self.transactional_id, self.marker_topic, sink.timeout)
 
     def _new_producer(self, config_key: Any) -> PooledProducer:
         """A new producer of this id; its ``init_transactions()`` fences every older one and
@@ -226,7 +234,7 @@ class KafkaTransaction(RecordProducing, Transaction):
         held.errors = self.errors
         producer.begin_transaction()
         held.in_transaction = True
-        marker = batch_marker(sink.marker_topic, self.task.batch, self.query_id, held.instance)
+        marker = batch_marker(self.marker_topic, self.batch, self.query_id, held.instance)
         metadata = MARKERS.get(sink.config, self.transactional_id).consumer_group_metadata()
         with self._calling("send_offsets_to_transaction"):
             producer.send_offsets_to_transaction([marker], metadata, sink.timeout)
@@ -285,7 +293,7 @@ class KafkaTransaction(RecordProducing, Transaction):
             self._broken = True
             raise _transaction_error(self.transactional_id, "commit", exc) from None
         held.in_transaction = False
-        held.committed[self.query_id] = self.task.batch
+        held.committed[self.query_id] = self.batch
         self.open = False
         self._raise_delivery_errors()
         return {**data, "records": self.rows, "skipped": False, "reused": self.reused}

@@ -1,31 +1,6 @@
-"""Spark-native discovery of ``format("epochal.kafka")``.
+"""``format("epochal.kafka")`` in any SparkSession, found by Spark itself
+(:func:`epochal_sdk.define_default_source`)."""
 
-PySpark 4 imports every installed top-level package named ``pyspark_*`` when a session
-first uses a Python data source, and registers the ``DefaultSource`` it defines. With
-epochal-kafka installed next to epochal (the runtime), ``spark.readStream.format("epochal.kafka")``
-and ``writeStream.format("epochal.kafka")`` therefore work in any SparkSession, also on a
-Spark Connect server, without ``epochal.register(spark)``. See docs/spark-connect.md.
+from epochal_sdk import define_default_source
 
-Spark imports this package in every session that uses Python data sources, and one failing
-``pyspark_*`` package would hide every other one, so it never raises: without the runtime it
-defines nothing and says why on stderr (the Spark driver's log).
-"""
-
-from __future__ import annotations
-
-import sys
-
-try:
-    from epochal.spark.datasource import EpochalDataSource
-except Exception as _exc:  # never raise here: see the module docstring
-    sys.stderr.write(
-        f"epochal-kafka: format('epochal.kafka') is not available to Spark's data source lookup: "
-        f"the epochal runtime cannot be imported ({type(_exc).__name__}: {_exc}). "
-        "Install it (pip install epochal), or call epochal.register(spark) once it works.\n"
-    )
-else:
-
-    class DefaultSource(EpochalDataSource):
-        """``format("epochal.kafka")``: the Spark data source of the kafka connector."""
-
-        connector_name = "kafka"
+define_default_source(globals(), "kafka")

@@ -110,7 +110,7 @@ class MapSink(TransactionalSink, IdempotentSink):
 
     def begin(self, task: ConnectorContext) -> Transaction:
         """The transaction ``task.transaction_id`` of one task."""
-        return MapTransaction(self, task.transaction_id)
+        return MapTransaction(self, str(task.txn))
 
     def _data(self) -> dict[str, str]:
         return {"path": self.target.path, "map": self.target.map}

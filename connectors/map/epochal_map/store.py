@@ -288,6 +288,7 @@ class MapStore:
                     f"transaction {txn_id!r} was rolled back in {self.path} and cannot be "
                     "committed. Restart the job from its last snapshot to write the batch again."
                 )
+            assert map is not None  # a prepared transaction names its map
             items = conn.execute(
                 "SELECT key, value FROM staged WHERE txn_id = ? ORDER BY ordinal", (txn_id,)
             ).fetchall()

@@ -200,9 +200,9 @@ class FaultPlan:
 
 
 def _parse_item(item: str) -> Fault:
-    head, _, action = item.partition(":")
+    head, _, given = item.partition(":")
     point, _, batch = head.strip().partition("@")
-    point, action = point.strip(), action.strip() or None
+    point, action = point.strip(), given.strip() or None
     if point not in POINTS:
         raise ConfigError(
             "job", "faults", f"unknown crash point {point!r}", f"Use: {', '.join(POINTS)}."

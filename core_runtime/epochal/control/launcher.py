@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import IO, Any
 
 from epochal.base import files, processes
 from epochal.control.messages import Promotion, read_event
@@ -90,7 +90,7 @@ class DriverProcess:
         self.log_path = log_path
         files.makedirs(os.path.dirname(log_path))
         files.makedirs(run_dir)
-        self._log: TextIO = files.open_private(log_path)  # closed in wait()
+        self._log: IO[str] = files.open_private(log_path)  # closed in wait()
         role = ["--standby", *(["--keep-warm"] if keep_warm else [])]
         if not warm_up:
             role.append("--no-warm-up")

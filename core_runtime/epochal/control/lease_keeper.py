@@ -42,7 +42,8 @@ from epochal.base import files
 from epochal.config import JobConfig
 from epochal.state.lease.record import LEASE_TTL, SESSION, new_owner
 from epochal.state.lease.session import KEEPER_MODULE, DriverJvm, Holding, write_record
-from epochal_sdk import FencedError, Guarantee
+from epochal_sdk import Guarantee
+from epochal_sdk.errors import FencedError
 
 POLL_SECONDS = 0.2
 """How often the keeper looks at its driver's JVM."""

@@ -17,7 +17,8 @@ from epochal.config import JobConfig
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.locks import JobError
-from epochal_sdk import FencedError, SnapshotError
+from epochal_sdk import SnapshotError
+from epochal_sdk.errors import FencedError
 
 if TYPE_CHECKING:
     from epochal.control.launcher import DriverProcess

@@ -39,7 +39,8 @@ from epochal.state.lease.record import new_owner
 from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
 from epochal.state.locks import JobError
 from epochal.state.manifests import verify_job
-from epochal_sdk import FencedError, SnapshotError
+from epochal_sdk import SnapshotError
+from epochal_sdk.errors import FencedError
 
 Reporter = Callable[[str], None]
 
@@ -175,7 +176,7 @@ class Supervisor(LeaseRenewal):
 
         server = serve(self.jobdir, self.metrics_endpoint)
         host, port = server.server_address[:2]
-        self.metrics_url = f"http://{host}:{port}/metrics"
+        self.metrics_url = f"http://{host!s}:{port}/metrics"
         self.report(f"[{self.jobdir.name}] metrics (Prometheus text): {self.metrics_url}")
         return server
 

@@ -19,7 +19,7 @@ from epochal.control.messages import emit
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.lease.fence import Fence
 from epochal.state.manifests import record_manifest
-from epochal_sdk import FencedError
+from epochal_sdk.errors import FencedError
 
 log = logging.getLogger("epochal.driver")
 

@@ -57,7 +57,7 @@ from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.lease.fence import Fence, checkpoint_location, state_dir
 from epochal.state.run_records import RUN_DIR_ENV, write_run_record
 from epochal.state.store import SnapshotStore
-from epochal_sdk import FencedError
+from epochal_sdk.errors import FencedError
 
 
 class Driver:

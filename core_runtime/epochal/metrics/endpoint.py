@@ -69,7 +69,7 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     server: MetricsServer
 
     def setup(self) -> None:
-        self.timeout = self.server.connection_timeout  # applied to the socket by setup()
+        self.timeout = self.server.connection_timeout  # type: ignore[misc]  # per connection
         super().setup()
 
     def do_GET(self) -> None:

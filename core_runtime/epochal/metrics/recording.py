@@ -192,7 +192,7 @@ def collect(
     return state
 
 
-def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int) -> None:
+def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int | None) -> None:
     key = f"{entry['kind']}-{entry['part']}"
     part = state["parts"].setdefault(
         key,

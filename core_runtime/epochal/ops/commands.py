@@ -24,14 +24,16 @@ def connectors(args: argparse.Namespace) -> int:
     from epochal.parts import registry
 
     found = registry.connectors()
+    code = 1 if registry.BROKEN else 0  # an installed connector that fails to load: an error
     if args.json:
+        for name, problem in registry.BROKEN.items():
+            print(f"error: connector {name!r} failed to load: {problem}", file=sys.stderr)
         print(json.dumps({n: _describe(c) for n, c in found.items()}, indent=2))
-        return 0
-    if not found:
-        print("no connectors installed (pip install epochal-map, epochal-kafka, ...)")
-        return 0
+        return code
     for name, problem in registry.BROKEN.items():
         print(f"{name}  (BROKEN: failed to load: {problem})")
+    if not found and not registry.BROKEN:
+        print("no connectors installed (pip install epochal-map, epochal-kafka, ...)")
     for name, cls in found.items():
         info = _describe(cls)
         print(f"{name}  ({info['module']})")
@@ -40,7 +42,7 @@ def connectors(args: argparse.Namespace) -> int:
         print(f"    format: epochal.{name}")
         for part, contracts in info["contracts"].items():
             print(f"    {part}: {', '.join(contracts)} — up to {info['guarantees'][part]}")
-    return 0
+    return code
 
 
 def _describe(cls: Any) -> dict[str, Any]:

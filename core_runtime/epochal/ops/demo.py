@@ -23,7 +23,7 @@ from epochal.api import Job
 from epochal.config import JobConfig
 from epochal.ops.recovery import recoveries
 from epochal.state.jobs import JobStatus
-from epochal_sdk import EpochalError
+from epochal_sdk import EpochalError, Guarantee
 
 MAP_ENV = "EPOCHAL_DEMO_MAP"
 MAP_DISTRIBUTION = "epochal-map"
@@ -139,7 +139,7 @@ def run(
     with map_store()(path) as store:  # the journal exists, with a first few events, at start
         store.append_events("events", [(str(i), f"user-{i % USERS:02d}") for i in range(200)])
     config = JobConfig(
-        guarantee="exactly-once",
+        guarantee=Guarantee.EXACTLY_ONCE,
         snapshot_interval=1.0,
         snapshot_dir=os.path.join(work, "snapshots"),
         faults=faults,

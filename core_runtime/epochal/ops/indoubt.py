@@ -35,7 +35,7 @@ from epochal_sdk import (
     TransactionalSink,
     TransactionId,
 )
-from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.ids import Purpose, transaction_prefix
 
 ACTIONS = ("list", "settle")
 
@@ -201,7 +201,7 @@ def _sink_ids_in_doubt(sink: TransactionalSink, job: str) -> set[str]:
     return out
 
 
-def _protocol(jobdir: Any, found: SinkOfJob, purpose: str) -> Any:
+def _protocol(jobdir: Any, found: SinkOfJob, purpose: Purpose) -> Any:
     from epochal.protocols.transactions import two_phase_commit
 
     protocol, _ = two_phase_commit(

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from epochal_sdk import ConfigError, Guarantee, GuaranteeError
+from epochal_sdk import ConfigError, Guarantee
+from epochal_sdk.errors import GuaranteeError
 
 log = logging.getLogger("epochal.guarantee")
 

@@ -30,7 +30,8 @@ from epochal.state.lease.fence import Fence, state_dir
 from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV, read_run_record
 from epochal.state.store import SnapshotStore
-from epochal_sdk import ConfigError, FencedError, Guarantee
+from epochal_sdk import ConfigError, Guarantee
+from epochal_sdk.errors import FencedError
 
 ENV_JOB = "EPOCHAL_JOB"
 ENV_JOB_DIR = "EPOCHAL_JOB_DIR"
@@ -61,7 +62,7 @@ class JobContext:
         query started without ``epochal run``, the one its options and environment give."""
         record = cls._run_record()
         if record is not None:
-            directory = str(record["job_dir"])
+            directory: str | None = str(record["job_dir"])
             return cls(
                 job=str(record["job"]),
                 job_dir=directory,

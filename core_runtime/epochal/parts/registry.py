@@ -51,7 +51,8 @@ def plugin_manager() -> pluggy.PluginManager:
         try:
             plugin = entry_point.load()
         except Exception as exc:  # one broken package must not take the others down
-            BROKEN[entry_point.name] = f"{entry_point.value}: {type(exc).__name__}: {exc}"
+            where = f"{_distribution(entry_point)} ({entry_point.value})"
+            BROKEN[entry_point.name] = f"{where}: {type(exc).__name__}: {exc}"
             log.warning("epochal plugin %r failed to load: %s", entry_point.name, exc)
             continue
         manager.register(plugin, name=entry_point.name)
@@ -66,6 +67,21 @@ def plugin_manager() -> pluggy.PluginManager:
         if not manager.is_registered(module):
             manager.register(module)
     return manager
+
+
+def _distribution(entry_point: importlib.metadata.EntryPoint) -> str:
+    """The name of the installed distribution an entry point comes from (``epochal-jsonl``)."""
+    dist = getattr(entry_point, "dist", None)
+    return str(getattr(dist, "name", None) or f"the package of {entry_point.value}")
+
+
+def failed_connectors() -> dict[str, str]:
+    """Installed connectors whose plugin failed to load (its module raised at import), by
+    connector name (the entry point's), with the distribution and the error. Their formats
+    are refused with that error (:func:`connector`), never left for Spark to look up."""
+    plugin_manager()
+    installed = set(installed_names())
+    return {name: problem for name, problem in BROKEN.items() if name in installed}
 
 
 def connectors(manager: pluggy.PluginManager | None = None) -> dict[str, type[Connector]]:
@@ -107,8 +123,10 @@ def connector(name: str) -> Connector:
         raise ConfigError(
             "epochal",
             "format",
-            f"the connector package {name!r} is installed but failed to load ({BROKEN[name]})",
-            f"Reinstall it (pip install --force-reinstall epochal-{name}) or fix the error",
+            f"format('epochal.{name}'): the connector {name!r} is installed but failed to "
+            f"load: {BROKEN[name]}",
+            "Fix the error (a connector built for another epochal-sdk release: upgrade it), "
+            "or uninstall the package",
         )
     if name not in available:
         installed = ", ".join(available) or "none"

@@ -15,7 +15,7 @@ from typing import Any
 from epochal.protocols.two_phase import FenceCheck, Step, TwoPhaseCommit
 from epochal.state.store import SnapshotStore
 from epochal_sdk import Prepared, RecoveryScope, TransactionalSink
-from epochal_sdk.ids import transaction_prefix
+from epochal_sdk.ids import Purpose, transaction_prefix
 
 
 def in_doubt(sink: TransactionalSink, scope: RecoveryScope) -> list[Prepared]:
@@ -78,7 +78,7 @@ def two_phase_commit(
     step: Step | None = None,
     fence: FenceCheck | None = None,
     lease_epoch: int = 0,
-    purpose: str = "recovery",
+    purpose: Purpose = "recovery",
 ) -> tuple[TwoPhaseCommit, ScopedSink]:
     """The two-phase commit protocol for one sink of a job, and the scoped, counting sink it
     drives (read its :attr:`ScopedSink.counts` for the metrics)."""

@@ -16,8 +16,10 @@ from epochal.metrics import recording
 from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.parts.records import PartRecord, check_target
-from epochal_sdk import ConnectorContext, Field, Guarantee, Metrics, Options, Schema
+from epochal_sdk import ConnectorContext, Guarantee, Options, Schema
+from epochal_sdk.context import Metrics
 from epochal_sdk.errors import RESTARTABLE_MARK
+from epochal_sdk.schema import Field
 
 log = logging.getLogger("epochal.spark")
 

@@ -26,8 +26,10 @@ from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
 from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV
-from epochal_sdk import AcknowledgingSource, GuaranteeError, ReplayableSource, Sink, Source
-from epochal_sdk.errors import STARTING_ENV
+from epochal_sdk import AcknowledgingSource, ReplayableSource
+from epochal_sdk.errors import STARTING_ENV, GuaranteeError
+from epochal_sdk.sinks import Sink
+from epochal_sdk.sources import Source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +47,8 @@ class EpochalDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self.options = dict(options)
+        self.options: dict[str, str] = dict(options)
+        registry.connector(self.connector_name)  # installed, and loads (else: why not)
         registry.check_runtime_options(self.options)  # before any epochal.* option is used
         self.context = JobContext.current(self.options)
 
@@ -226,10 +229,13 @@ def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
     under exactly-once, a refusal before the first batch
     (:func:`~epochal.parts.spark_plan.check_session_query`). Formats Spark finds by itself
     (``pyspark_epochal_*`` modules) work without ``register``, but then nothing checks
-    Spark's own parts of the query."""
-    chosen = names or list(registry.connectors())
+    Spark's own parts of the query. An installed connector that fails to load is registered
+    too: a query that names its format is refused with the error that stopped it."""
+    failed = registry.failed_connectors()
+    chosen = names or sorted({*registry.connectors(), *failed})
     for name in chosen:
-        registry.connector(name)  # a clear error for an unknown name
+        if name not in failed:  # a failed one is registered: its format says why it failed
+            registry.connector(name)  # a clear error for an unknown name
         spark.dataSource.register(data_source_class(name))
     _check_queries_of(spark)
     return [FORMAT_PREFIX + n for n in chosen]

@@ -28,9 +28,9 @@ from epochal_sdk import (
     IdempotentSink,
     Prepared,
     Schema,
-    Sink,
     TransactionalSink,
 )
+from epochal_sdk.sinks import Sink
 
 log = logging.getLogger("epochal.sink")
 
@@ -130,7 +130,7 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
         timings: dict[str, float] = {}
         try:
             exactly_once = self.part.guarantee == Guarantee.EXACTLY_ONCE
-            if exactly_once and two_phase(self.part, sink).is_decided(task.batch):
+            if exactly_once and two_phase(self.part, sink).is_decided(task.txn.batch):
                 for _ in iterator:  # replay of a decided batch: write nothing
                     pass
                 return SinkCommitMessage(skipped=True)
@@ -154,7 +154,7 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
                     raise
                 finally:
                     txn.close()
-            prepared = Prepared(task.transaction_id, data)
+            prepared = Prepared(str(task.txn), data)
             self.part.context.reach("sink.after_prepare", task.batch)
             if not exactly_once:  # at-least-once: commit at once, no decision
                 with recording.timed(timings, "commit"):
@@ -172,7 +172,9 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
         finally:
             sink.close()
 
-    def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
+    def commit(  # type: ignore[override]  # Spark hands back what write() returned
+        self, messages: list[SinkCommitMessage | None], batchId: int
+    ) -> None:
         with protocol_step(self.part, batchId, "decide + phase-2 commit"):
             self._commit(messages, batchId)
 
@@ -199,7 +201,9 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             self.part.report("sink", batchId, values)
         self.part.context.reach("sink.after_commit", batchId)
 
-    def abort(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
+    def abort(  # type: ignore[override]  # Spark hands back what write() returned
+        self, messages: list[SinkCommitMessage | None], batchId: int
+    ) -> None:
         if self.part.guarantee != Guarantee.EXACTLY_ONCE:
             return
         sink: TransactionalSink = self.part.build_sink(self.part.connector_context(batch=batchId))
@@ -249,14 +253,17 @@ class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
             self.part.context.reach("sink.after_flush", task.batch)
             if self.part.context.job_dir and self.part.guarantee == Guarantee.EXACTLY_ONCE:
                 store = self.part.context.store(self.part.connector)
-                keys.check_and_record(store, self.part.part_id, task.batch, task.partition, digest)
+                txn = task.txn  # a task's: its batch and partition are set
+                keys.check_and_record(store, self.part.part_id, txn.batch, txn.partition, digest)
             return SinkCommitMessage(
                 records=records, bytes=size, values=_task_values(task, timings)
             )
         finally:
             sink.close()
 
-    def commit(self, messages: list[SinkCommitMessage | None], batchId: int) -> None:
+    def commit(  # type: ignore[override]  # Spark hands back what write() returned
+        self, messages: list[SinkCommitMessage | None], batchId: int
+    ) -> None:
         if self.part.context.job_dir and batchId % 10 == 0:
             keys.prune(
                 self.part.context.store(self.part.connector), self.part.part_id, batchId - 10

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 SWITCH_ENV = "EPOCHAL_CLASS_DATA"
 """``off``: never use nor make the archive."""
@@ -95,7 +96,7 @@ def driver_java_options(existing: str = "") -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto {QUIET} {existing}".strip()
 
 
-def prepare(report: object = print, force: bool = False) -> str | None:
+def prepare(report: Callable[[str], object] = print, force: bool = False) -> str | None:
     """Make the archive for this interpreter's PySpark (its fast Spark home, see
     :mod:`epochal.startup.home`) unless it exists; returns its path (None: switched off or no
     JVM). Takes 20-40 s once; a second process racing for it waits for the first."""

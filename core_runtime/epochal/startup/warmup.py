@@ -71,7 +71,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         prime_worker()
-        base = int(partition.value) * ROWS  # type: ignore[attr-defined]
+        base = int(partition.value) * ROWS
         yield pa.RecordBatch.from_pydict(
             {"id": list(range(base, base + ROWS)), "value": [str(i) for i in range(ROWS)]}
         )

@@ -227,6 +227,7 @@ class JobDirectory:
         data, version = get_versioned_record(self.files, JOB_RECORD)
         if data is None:
             self.load()  # the clear "no such job" error
+        assert data is not None  # load() raised
         record = JobRecord.from_json(data)
         before = record.to_json()
         yield record

@@ -25,6 +25,7 @@ exclusive write is a check, then a write.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -40,7 +41,8 @@ from epochal.base import files
 from epochal.state import objectstore
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease.record import Lease
-from epochal_sdk import FencedError, SnapshotError
+from epochal_sdk import SnapshotError
+from epochal_sdk.errors import FencedError
 
 MAGIC = b"EPS1 "
 """The first bytes of every entry file (format version 1)."""
@@ -302,7 +304,7 @@ class SnapshotStore:
             if item.type == pafs.FileType.File and _TMP not in item.path
         )
 
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Names of the directories directly under ``prefix`` (sorted)."""
         path = self._path(prefix)
         if self.objects is not None:
@@ -334,7 +336,7 @@ class SnapshotStore:
         if self._exists(path):
             self.fs.delete_dir(path)
 
-    def _files(self, prefix: str) -> list[str]:
+    def _files(self, prefix: str) -> builtins.list[str]:
         """Paths of every file under ``prefix`` (recursively)."""
         path = self._path(prefix)
         if self.objects is not None:
@@ -342,7 +344,7 @@ class SnapshotStore:
         selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
         return [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
-    def verify(self, prefix: str = "") -> tuple[int, list[str]]:
+    def verify(self, prefix: str = "") -> tuple[int, builtins.list[str]]:
         """Check every entry under ``prefix``; return (entries checked, problems found)."""
         checked, problems = 0, []
         for path in self._files(prefix):

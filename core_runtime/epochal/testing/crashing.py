@@ -63,7 +63,9 @@ def _main_module_hidden() -> Iterator[None]:
     importable module and needs none of it, and a main script may be slow to import, or
     not a file at all (``python -``)."""
     main = sys.modules["__main__"]
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    saved: dict[str, object] = {
+        k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__
+    }
     with _lock:
         main.__dict__["__spec__"] = None
         main.__dict__.pop("__file__", None)

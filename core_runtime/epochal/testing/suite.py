@@ -92,7 +92,7 @@ class SourceUnderTest(ABC):
     """Route the rows by their ID (``repartition``) between the source and the sink in the
     copy pipeline: a source whose replays may give rows to other Spark partitions (Spark's
     Kafka source) needs it before a sink that settles each partition on its own
-    (:meth:`~epochal_sdk.Sink.settles_each_partition`), or the job is refused."""
+    (:meth:`~epochal_sdk.sinks.Sink.settles_each_partition`), or the job is refused."""
 
     @abstractmethod
     def options(self) -> dict[str, str]:
@@ -260,8 +260,8 @@ class ConformanceSuite:
         if cls.aggregate:
             for mode in cls.modes()[:1]:
                 step = "sink.after_decision" if mode == "transactional" else "sink.after_flush"
-                faults = (Fault(step, action="worker"), Fault(JOB_POINT))
-                out.append(Scenario("aggregate", exactly_once, mode, faults, pipeline="aggregate"))
+                kills = (Fault(step, action="worker"), Fault(JOB_POINT))
+                out.append(Scenario("aggregate", exactly_once, mode, kills, pipeline="aggregate"))
         if cls.real_failures:
             out.append(
                 Scenario(

@@ -19,4 +19,4 @@ def prepare_transaction(sink: TransactionalSink, task: ConnectorContext, records
         data = transaction.prepare()
     finally:
         transaction.close()
-    return Prepared(task.transaction_id, data)
+    return Prepared(str(task.txn), data)

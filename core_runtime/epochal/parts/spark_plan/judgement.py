@@ -24,7 +24,8 @@ from epochal.parts.spark_plan.capabilities import (
     PlanPart,
     Role,
 )
-from epochal_sdk import Guarantee, GuaranteeError, Options
+from epochal_sdk import Guarantee, Options
+from epochal_sdk.errors import GuaranteeError
 
 log = logging.getLogger("epochal.parts.spark_plan")
 
@@ -219,7 +220,7 @@ def settled_by_partition(
     A source that may give a replayed batch's rows to other Spark partitions (Spark's Kafka
     source lists a topic's partitions in another order when it replays a batch from its
     offset log), with nothing routing them by key on the way, into an epochal sink whose
-    :meth:`~epochal_sdk.Sink.settles_each_partition` is true (the Kafka sink commits each
+    :meth:`~epochal_sdk.sinks.Sink.settles_each_partition` is true (the Kafka sink commits each
     partition's transaction in ``prepare``; an idempotent sink's keys are checked per
     partition) can lose or repeat rows on a replay, or fail the key check: it gives at most
     at-least-once there, and says how to keep exactly-once.
@@ -237,7 +238,11 @@ def settled_by_partition(
         "(.repartition(<column>) or a keyed aggregation) to keep exactly-once"
     )
     return tuple(
-        dataclasses.replace(p, guarantee=min(p.guarantee, Guarantee.AT_LEAST_ONCE), why=why)
+        dataclasses.replace(
+            p,
+            guarantee=min(p.guarantee or Guarantee.AT_LEAST_ONCE, Guarantee.AT_LEAST_ONCE),
+            why=why,
+        )
         if p in moving
         else p
         for p in sources

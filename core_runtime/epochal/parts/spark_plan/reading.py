@@ -38,7 +38,7 @@ def read_query(writer: Any) -> QueryPlan:
     jwrite = getattr(writer, "_jwrite", None)
     frame = getattr(writer, "_df", None)
     jdf = getattr(frame, "_jdf", None)
-    if jwrite is None or jdf is None:
+    if jwrite is None or frame is None or jdf is None:
         kind = f"{type(writer).__module__}.{type(writer).__qualname__}"
         raise UnreadablePlanError(
             f"cannot read the streaming query of a {kind}: only a PySpark classic "

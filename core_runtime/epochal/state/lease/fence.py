@@ -39,7 +39,7 @@ from epochal.state.checkpoint import Checkpoint
 from epochal.state.layout import EPOCHS, LEASE_RECORD
 from epochal.state.lease.record import Lease
 from epochal.state.store import SnapshotStore, get_record
-from epochal_sdk import FencedError
+from epochal_sdk.errors import FencedError
 
 
 def read_lease(job_path: str) -> Lease | None:

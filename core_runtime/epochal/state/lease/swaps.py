@@ -335,13 +335,13 @@ class JobLease:
             current = self.read()
             held = self._held
             if current and current.owner == owner:
-                released = current.released_now()
+                ended = current.released_now()
             elif held is not None and self._holds(current, owner, held.epoch):
-                released = held.released_now()
+                ended = held.released_now()
             else:
                 return
             still_locked()
-            put_record(self.files, LEASE_RECORD, released.to_record())
+            put_record(self.files, LEASE_RECORD, ended.to_record())
 
 
 class LeaseHeldError(JobError):

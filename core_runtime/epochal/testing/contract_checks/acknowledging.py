@@ -140,7 +140,7 @@ class AckRun:
         after the crash, so behind every redelivery in the queue) are stored and a receive
         came back empty (or :data:`DEADLINE` passed); the last batch and the record IDs
         stored."""
-        start, seen = seq, set()
+        start, seen = seq, set[int]()
         deadline = time.monotonic() + DEADLINE
         while _until(deadline):
             new = protocol.next_batch(seq, 10, RECEIVE_TIMEOUT)

@@ -16,12 +16,8 @@ import pyarrow as pa
 from epochal.base import secrets
 from epochal.parts import registry
 from epochal.spark.common import user_options
-from epochal_sdk import (
-    ConnectorContext,
-    Field,
-    Options,
-)
-from epochal_sdk.schema import parse_ddl
+from epochal_sdk import ConnectorContext, Options
+from epochal_sdk.schema import Field, parse_ddl
 
 if TYPE_CHECKING:
     from epochal.testing.suite import SinkUnderTest, SourceUnderTest

@@ -26,14 +26,8 @@ from epochal.testing.contract_checks.common import (
     _violation,
 )
 from epochal.testing.crashing import StepFailedError, run_then_die
-from epochal_sdk import (
-    ConnectorContext,
-    Guarantee,
-    IdempotentSink,
-    Prepared,
-    Sink,
-    TransactionalSink,
-)
+from epochal_sdk import ConnectorContext, Guarantee, IdempotentSink, Prepared, TransactionalSink
+from epochal_sdk.sinks import Sink
 
 if TYPE_CHECKING:
     pass
@@ -84,7 +78,7 @@ def transaction_step(request: dict[str, Any]) -> dict[str, Any] | None:
             raise
         finally:
             transaction.close()
-        prepared = Prepared(task.transaction_id, json.loads(json.dumps(data)))
+        prepared = Prepared(str(task.txn), json.loads(json.dumps(data)))
         if request.get("commit"):
             sink.commit(prepared)
         return {"transaction_id": prepared.transaction_id, "data": prepared.data}
