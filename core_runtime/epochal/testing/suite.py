@@ -59,6 +59,7 @@ from epochal.control.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
 from epochal.control.launcher import DriverPool
 from epochal.state.jobs import JobStatus
 from epochal.testing.contract_checks import ContractCheck, Subject, checks_of, sql_record_ids
+from epochal.testing.contract_checks.common import REQUEUE_WAIT, poll_until_settled
 from epochal.testing.points import (
     CONTRACT_RESULTS,
     EXPECTED,
@@ -105,7 +106,19 @@ class SourceUnderTest(ABC):
 
     def unsettled(self) -> list[str]:
         """What the source system still holds that the job should have settled (e.g.
-        unacknowledged messages); must be empty at the end."""
+        unacknowledged messages, or messages delivered and not acknowledged); must be empty
+        at the end. Report the system's state as it is now, without waiting.
+
+        When the kit calls it: only after every source it opened is closed and every process
+        that held messages has ended (a contract check's dying process, a scenario's killed
+        drivers and workers, the job's last driver). A broker requeues a dead consumer's
+        messages, and settles the acknowledgements of a closed one, asynchronously, after it
+        notices the connection is gone; the kit therefore polls ``unsettled()`` until it
+        returns nothing, for up to
+        :data:`~epochal.testing.contract_checks.common.REQUEUE_WAIT` seconds, and fails with
+        its last answer. Likewise, after a process died, the contract checks keep receiving
+        until the dead process's messages came back (or that long after the records produced
+        after its death arrived). A connector's ``unsettled()`` needs no wait of its own."""
         return []
 
     def record_ids(self, rows: list[dict[str, Any]]) -> list[int]:
@@ -383,7 +396,7 @@ def scenario_problem(
 ) -> str | None:
     """What went wrong in a scenario's run (None when nothing did): the job failed, a fault
     did not fire, records were lost (or duplicated under exactly-once), transactions were
-    left in doubt or the source unsettled."""
+    left in doubt or the source unsettled (polled: see :meth:`SourceUnderTest.unsettled`)."""
     if outcome.record.status != JobStatus.COMPLETED:
         return f"the job did not complete: {outcome.record.failure}"
     if outcome.fired != [f.label for f in scenario.faults]:
@@ -395,7 +408,7 @@ def scenario_problem(
     leftovers = sink.in_doubt()
     if leftovers:
         return f"in-doubt transactions left behind: {leftovers}"
-    unsettled = source.unsettled()
+    unsettled = poll_until_settled(source.unsettled, REQUEUE_WAIT)
     if unsettled:
         return f"the source was left unsettled: {unsettled}"
     return None
