@@ -5,8 +5,9 @@ scenarios (marked ``conformance`` and ``spark``) and their contract checks (mark
 ``conformance``: no Spark), keeps warm drivers for the scenarios (``epochal_driver_pool``),
 prints a one-line summary per scenario with ``-v`` (faults fired, runs, restarts, lost,
 duplicated), and at the end of the session a coverage table (every crash point of every
-connector under test, per guarantee, sink mode and kind of kill, with whether it passed) and
-the contract checks that ran.
+connector under test, per guarantee, sink mode and kind of kill, with whether it passed; a
+failed scenario marks FAILED the crash point it can blame, see
+:func:`~epochal.testing.points.fault_results`) and the contract checks that ran.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from typing import Any
 import pytest
 
 from epochal.control.launcher import DriverPool, use_pool
-from epochal.testing.points import CONTRACT_RESULTS, EXPECTED, coverage_rows
+from epochal.testing.points import (
+    CONTRACT_RESULTS,
+    EXPECTED,
+    FAILED,
+    NOT_REACHED,
+    NOT_RUN,
+    PASSED,
+    coverage_rows,
+)
 from epochal.testing.suite import ConformanceSuite
 
 POOL_ENV = "EPOCHAL_KIT_POOL"
@@ -58,19 +67,21 @@ def pytest_collection_finish(session: Any) -> None:
         case = getattr(getattr(item, "callspec", None), "params", {}).get("conformance_case")
         if case is not None and item.cls is not None:
             for row in coverage_rows(item.cls, case):
-                EXPECTED.setdefault(row, "not run")
+                EXPECTED.setdefault(row, NOT_RUN)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def epochal_driver_pool() -> Iterator[DriverPool | None]:
+def epochal_driver_pool(tmp_path_factory: Any) -> Iterator[DriverPool | None]:
     """Warm drivers shared by the session's jobs (every ``Job.submit`` of this process with
     a local master): a job starts on a driver that has its JVM, SparkSession and PySpark
     workers up, and a whole-driver kill is recovered on the next warm one. Killing them is
-    as real as killing a cold one."""
+    as real as killing a cold one. Their logs and run records are in the session's own
+    temporary directory (``epochal-pool*`` under pytest's base one); each driver's scratch
+    directory, which its JVM's temporary files go to, is removed when the driver ends."""
     if os.environ.get(POOL_ENV, "1") == "0":
         yield None
         return
-    pool = DriverPool(size=2)
+    pool = DriverPool(size=2, directory=str(tmp_path_factory.mktemp("epochal-pool")))
     use_pool(pool)
     try:
         yield pool
@@ -120,8 +131,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
     states = [state for _, _, _, _, _, state in rows]
     write(
-        f"{states.count('passed')} of {len(states)} covered and passed; "
-        f"{states.count('FAILED')} failed; {states.count('not run')} not run"
+        f"{states.count(PASSED)} of {len(states)} covered and passed; "
+        f"{states.count(FAILED)} failed; {states.count(NOT_REACHED)} not reached (their "
+        f"scenario failed before their turn); {states.count(NOT_RUN)} not run"
     )
 
 
