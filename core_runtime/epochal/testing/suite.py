@@ -83,6 +83,19 @@ class SourceUnderTest(ABC):
         id_expr: a SQL expression over the source's columns that gives each record's
             integer ID, e.g. ``"CAST(key AS BIGINT)"``; the kit counts lost and duplicated
             records by it.
+        format: optional; the format the kit reads the source with: empty (the default) for
+            ``epochal.<connector>``; a source that is not an epochal connector gives its own
+            (Spark's Kafka source: ``"kafka"``). The contract checks, which drive an epochal
+            connector's own objects, are skipped for such a source.
+        route_by_key: optional (default False); route the rows by their ID
+            (``repartition``) between the source and the sink in the copy pipeline. A
+            source whose replays may give rows to other Spark partitions (Spark's Kafka
+            source) needs it before a sink that settles each partition on its own
+            (:meth:`~epochal_sdk.Sink.settles_each_partition`), or the job is refused.
+
+    The kit adds ``maxRecordsPerBatch`` to :meth:`options`; the runtime's own options
+    (``maxRecordsPerBatch``, an acknowledging source's ``receiveTimeoutMs``) need not be in
+    the connector's ``source_options``.
     """
 
     connector: ClassVar[str]
