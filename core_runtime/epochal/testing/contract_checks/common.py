@@ -34,7 +34,7 @@ RECEIVE_TIMEOUT = 0.5
 DEADLINE = 60.0
 """Seconds a check waits for records or messages that must arrive (it returns as soon as they
 did; only a broken connector waits this long)."""
-REQUEUE_WAIT = 10.0
+REQUEUE_WAIT = 5.0
 """Seconds the checks keep polling, once a process that held messages died and the records
 produced after its death (the markers) arrived, for the broker to requeue the dead process's
 messages and to settle what it acknowledged: a broker does both asynchronously, after it
