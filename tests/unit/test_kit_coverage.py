@@ -66,6 +66,18 @@ def test_a_fault_with_no_batch_counts_at_the_batch_of_the_one_before() -> None:
     assert fault_results(first_only, outcome(fired=1, lost=[5]), PER_BATCH, True) == [FAILED]
 
 
+def test_faults_that_fired_at_the_same_batch_share_the_blame() -> None:
+    same_batch = Outcome(
+        record=JobRecord("job", "epochal.pipelines:copy", {}, status=JobStatus.COMPLETED),
+        expected=800,
+        seen=750,
+        lost=list(range(150, 200)),
+        fired=LABELS,
+        fired_batches={LABELS[0]: None, LABELS[1]: 0, LABELS[2]: 1, LABELS[3]: 1},
+    )
+    assert fault_results(POINTS, same_batch, PER_BATCH, True) == [PASSED, PASSED, FAILED, FAILED]
+
+
 def test_duplicates_under_exactly_once_are_placed_like_losses() -> None:
     results = fault_results(POINTS, outcome(duplicated={620: 2}), PER_BATCH, True)
     assert results == [PASSED, PASSED, PASSED, FAILED]

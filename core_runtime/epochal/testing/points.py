@@ -138,11 +138,14 @@ def fault_results(scenario: Scenario, outcome: Outcome, per_batch: int, failed: 
       first one when none fired;
     - the job completed but a fault did not fire: that fault;
     - records lost (or duplicated under exactly-once) in the copy pipeline: for each of
-      those records, the last fault that fired at or before the batch it was in, by the
+      those records, the fault that fired last at or before the batch it was in, by the
       batch each fault's marker recorded (a fault that records none, ``source.after_plan``,
       counts at the batch of the fault before it; an acknowledging source's stored batch
-      ``n`` is Spark's batch ``n - 1``). The kit's sources give the produced records in ID
-      order, ``per_batch`` to a batch, so record ``i`` is in batch ``i // per_batch``;
+      ``n`` is Spark's batch ``n - 1``), and every other fault that fired at that same
+      batch: a sequence's faults often fire one after another on the retries of one batch,
+      and the records of that batch went through all of them. The kit's sources give the
+      produced records in ID order, ``per_batch`` to a batch, so record ``i`` is in batch
+      ``i // per_batch``;
     - anything else (transactions left in doubt, the source left unsettled, a loss in the
       aggregate pipeline or in a scenario with random kills, which no marker places): every
       row of the sequence.
@@ -171,7 +174,9 @@ def fault_results(scenario: Scenario, outcome: Outcome, per_batch: int, failed: 
         else:  # Spark's batch ids count from 0, an acknowledging source's stored batches from 1
             batches.append(fired_at - 1 if label.startswith("ack_source.") else fired_at)
     for record in bad:
-        batch = record // per_batch
-        before = [i for i, fired_at in enumerate(batches) if fired_at <= batch]
-        states[before[-1] if before else 0] = FAILED
+        at_or_before = [b for b in batches if b <= record // per_batch]
+        blamed = max(at_or_before) if at_or_before else min(batches)
+        for i, fired_at in enumerate(batches):
+            if fired_at == blamed:
+                states[i] = FAILED
     return states
