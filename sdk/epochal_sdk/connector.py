@@ -42,12 +42,38 @@ class Connector:
 
     ``spark.readStream.format("epochal.map")`` then builds ``MapJournalSource(options)``.
     (A plugin module with a ``register_connectors`` hook, named by the entry point instead,
-    works as before: it can register several classes.)
+    works too: it can register several classes.)
 
     Every class attribute is read by the runtime on the driver (in the Python worker that
     plans a query) and, for :attr:`restartable_errors`, wherever a protocol step fails (the
-    driver's workers and the executors' tasks). None of them is needed: a connector that
-    declares nothing gets no option check, no target check and the default classification.
+    driver's workers and the executors' tasks). None of them is needed but :attr:`name` and
+    a class: a connector that declares nothing gets no option check, no target check and the
+    default classification.
+
+    The class attributes, in short (each has its own docstring below):
+
+    - ``name``: the connector's name: ``format("epochal.<name>")``.
+    - ``description``: one line for ``python -m epochal connectors``.
+    - ``source_class``, ``sink_class``: the classes :meth:`source` and :meth:`sink` build
+      (None: the connector has no source, or no sink).
+    - ``secret_options``: options whose values are secrets: never written anywhere, left out
+      of the part's identity.
+    - ``source_options``, ``sink_options``: every option the source (the sink) takes, or
+      None (the default) for "not declared": any option is accepted. When declared, a query
+      that gives another option is refused before anything runs, with a "did you mean". The
+      runtime's own options need not be listed, they are always accepted: the ``epochal.*``
+      options and ``guarantee``; for a source ``maxRecordsPerBatch``, and for an
+      acknowledging source also ``receiveTimeoutMs``, ``dedupeWindowBatches`` and
+      ``dedupeWindowIds``.
+    - ``option_prefixes``: families of options passed on to the client library as they are
+      (``("kafka.",)``): accepted by the name check.
+    - ``target_options``: the options that name where the data goes or comes from (server,
+      database, topic, table): a restart whose part kept its id but whose target changed is
+      refused before anything is written.
+    - ``restartable_errors``: the client library's exception classes that mean "lost the
+      server, try again": raised from a protocol step, they restart the job from its last
+      snapshot, like :class:`~epochal_sdk.RestartableError`; anything else but
+      ``ConnectionError`` and ``TimeoutError`` fails the job.
     """
 
     name: ClassVar[str]
@@ -67,7 +93,7 @@ class Connector:
     declared secret option is an accepted option of the source and of the sink."""
     source_options: ClassVar[frozenset[str] | None] = None
     """Every option the source takes (case-insensitive names), or None (the default) for
-    "not declared": then any option is accepted, as before. When declared, a query that
+    "not declared": then any option is accepted. When declared, a query that
     gives the source any other option is refused before anything runs, with a "did you
     mean" (:meth:`Options.check_names`). The runtime's own options need not be listed: the
     ``epochal.*`` options, ``guarantee``, and for a replayable source ``maxRecordsPerBatch``

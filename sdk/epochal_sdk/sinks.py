@@ -25,6 +25,13 @@ and ``close`` after it; nothing in memory survives between calls):
   prepared attempts; or rolls back what the tasks prepared when Spark gives up on the batch.
 * **an operator's command**: ``epochal in-doubt list``/``settle`` calls ``in_doubt``,
   ``commit`` and ``rollback`` from another process, while the job is stopped.
+
+A sink object lives for one call, so a sink keeps no connection open between calls and
+has no idle gap to keep alive with heartbeats (an acknowledging source has: see
+:class:`~epochal_sdk.AcknowledgingSource`). What a sink's call returns from must be done on
+the server when it returns: rows staged by ``prepare``, a transaction committed or rolled
+back, upserts written by ``flush``; the runtime records the step as done right after (an
+acknowledging source's ``acknowledge`` is the one call that need not be confirmed).
 """
 
 from __future__ import annotations

@@ -369,6 +369,16 @@ class AcknowledgingSource(Source):
 
     At-least-once, the runtime keeps batches in memory instead of the snapshot and
     acknowledges once Spark committed them; nothing is dropped as a redelivery.
+
+    The time between calls: the runtime calls the source once per trigger (``receive`` to
+    plan a batch, ``acknowledge`` after a batch's snapshot). Between two calls it runs the
+    batch (read tasks, the sink's write and commit) and waits for the next trigger, so the
+    longest gap is the longest batch plus the trigger interval, with no bound the runtime
+    sets (a slow sink can make it minutes). A client's heartbeats (STOMP ``heart-beat``,
+    AMQP ``heartbeat``) must not depend on the source being called: use a client that sends
+    them from its own I/O thread (stomp.py does; pika's ``BlockingConnection`` does not). A
+    call that finds the connection gone raises :class:`~epochal_sdk.RestartableError`: the
+    job restarts from its last snapshot and what was not acknowledged comes back.
     """
 
     @abstractmethod
@@ -422,6 +432,23 @@ class AcknowledgingSource(Source):
         can (a pull-based log can: ``XACK`` takes any pending ID), ignore them if it cannot
         (a broker redelivers them to this session, and the runtime drops and acknowledges
         the redeliveries). Never raise for an unknown or settled ID.
+
+        A broker that acknowledges by a handle of one delivery (an AMQP delivery tag, a
+        STOMP ``ack`` id, a JMS message object) must never be given an ID this session did
+        not receive, nor a handle twice: AMQP closes the channel on an unknown or already
+        acknowledged delivery tag (a channel error), requeueing every unacknowledged
+        delivery of it. Keep this session's handles by message ID, acknowledge each once,
+        never cumulatively (AMQP ``multiple=True``, JMS ``CLIENT_ACKNOWLEDGE``):
+        :class:`epochal_sdk.delivery.DeliveryHandles` does that.
+
+        When it returns, every acknowledgement must have been handed to the client on the
+        live session (sent, or queued on a connection whose ``close`` sends it first); it
+        need not be confirmed by the broker (AMQP's ack has no reply). One that never
+        reached the broker costs no record: the message is redelivered to the next session
+        and the runtime drops it by ID (it keeps the IDs of the last ``dedupeWindowBatches``
+        batches) and acknowledges it again; at-least-once it is a duplicate, which
+        at-least-once allows. Raise :class:`~epochal_sdk.RestartableError` when the session
+        is known to be lost.
 
         Args:
             ids: message IDs (:attr:`Message.id`): one batch's, or fewer.

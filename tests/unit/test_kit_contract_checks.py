@@ -5,6 +5,7 @@ connectors."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +18,12 @@ from epochal.protocols.acking import ID_COLUMN, AckProtocol, MemoryAcks, decode_
 from epochal.state.store import SnapshotStore
 from epochal.testing import contract_checks
 from epochal.testing.broker import TestBroker, TestQueueSource
+from epochal.testing.contract_checks import acknowledging, common
 from epochal.testing.crashing import StepFailedError, run_then_die
 from epochal.testing.points import SOURCE_POINTS
 from epochal_sdk import Guarantee, Options
 from tests.conformance import mutants
-from tests.conformance.catalogue import plugins_loaded
+from tests.conformance.catalogue import check_problem, plugins_loaded
 
 SCHEMA = pa.schema([("id", pa.string()), ("body", pa.string())])
 WAIT = 5.0
@@ -185,3 +187,65 @@ def test_every_mutant_is_a_connector_with_its_bug_in_one_sentence() -> None:
         assert contract in ("replayable", "acknowledging", "transactional", "idempotent")
         bug = mutants.bug_of(name)
         assert bug.count(". ") == 0 and bug.endswith(")."), (name, bug)
+
+
+def test_after_a_death_the_checks_wait_for_redeliveries_that_come_after_the_markers() -> None:
+    """A broker requeues a dead consumer's messages asynchronously: they may arrive after the
+    records produced after the death (the markers); the checks keep receiving for them."""
+    rounds = iter([[10, 11], [], [], [1, 2], [], [3], []])
+    received: list[int] = []
+
+    def receive_ids() -> list[int]:
+        got = next(rounds, [])
+        received.extend(got)
+        return got
+
+    acknowledging.receive_after_death(receive_ids, {1, 2, 3}, {10, 11})
+    assert sorted(received) == [1, 2, 3, 10, 11]
+
+
+def test_the_wait_for_redeliveries_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(acknowledging, "REQUEUE_WAIT", 0.3)
+    calls = 0
+
+    def receive_ids() -> list[int]:
+        nonlocal calls
+        calls += 1
+        return [10] if calls == 1 else []
+
+    started = time.monotonic()
+    acknowledging.receive_after_death(receive_ids, {1}, {10})
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_unsettled_is_polled_until_the_broker_settled() -> None:
+    answers = iter([["2 message(s) delivered"], ["1 message(s) delivered"], []])
+    assert common.poll_until_settled(lambda: next(answers), 5.0) == []
+    assert common.poll_until_settled(lambda: ["1 message(s) delivered"], 0.2) == [
+        "1 message(s) delivered"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variant", "cause"),
+    [
+        ("mutant-testqueue-ack-on-receipt", "the source settles on receipt"),
+        ("mutant-testqueue-cumulative-ack", "a cumulative acknowledgement"),
+    ],
+)
+def test_ack_settles_those_names_the_likely_cause(
+    variant: str, cause: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both bugs lose the messages received and not acknowledged; a probe that receives
+    without acknowledging tells acknowledgement on receipt from a cumulative one."""
+    monkeypatch.setattr(acknowledging, "REQUEUE_WAIT", 1.0)
+    with plugins_loaded():
+        problem = check_problem(
+            contract_checks.BY_NAME["ack-settles-those"], "acknowledging", variant, str(tmp_path)
+        )
+    assert problem is not None and cause in problem, problem
+    other = {
+        "the source settles on receipt": "a cumulative acknowledgement",
+        "a cumulative acknowledgement": "the source settles on receipt",
+    }[cause]
+    assert other not in problem

@@ -24,6 +24,7 @@ from epochal_sdk import (
     PoisonRecordError,
     RestartableError,
 )
+from epochal_sdk.delivery import DeliveryHandles
 
 log = logging.getLogger("epochal.jms")
 
@@ -77,7 +78,8 @@ class JmsSource(AcknowledgingSource):
         self.window_bytes = options.int("consumerWindowSize", None, minimum=-1)
         self.client: StompClient | None = None
         self.window = 0
-        self._ack_ids: dict[str, list[str]] = {}
+        self.deliveries: DeliveryHandles[str] = DeliveryHandles()
+        """This session's STOMP ``ack`` ids by message ID (each acknowledged once)."""
         self._queued_bytes = 0
 
     def schema(self) -> str:
@@ -156,7 +158,7 @@ class JmsSource(AcknowledgingSource):
         or delivered to an earlier session) are ignored. The last ACK carries a receipt, so the
         broker has processed them all when this returns."""
         client = self._client()
-        ack_ids = [a for i in ids for a in self._ack_ids.pop(i, ())]
+        ack_ids = self.deliveries.take(ids)
         if not ack_ids:
             return
         try:
@@ -175,7 +177,7 @@ class JmsSource(AcknowledgingSource):
         if self.client is not None:
             self.client.close()
             self.client = None
-        self._ack_ids.clear()
+        self.deliveries.forget()
 
     # -- helpers ------------------------------------------------------------------------------
     def _client(self) -> StompClient:
@@ -224,7 +226,7 @@ class JmsSource(AcknowledgingSource):
         headers = {k: v for k, v in frame.headers.items() if k not in DROPPED_HEADERS}
         message_id = self._message_id(headers)
         ack_id = frame.headers.get("ack") or frame.headers.get("message-id", "")
-        self._ack_ids.setdefault(message_id, []).append(ack_id)
+        self.deliveries.received(message_id, ack_id)
         body: Any = frame.body or b""
         if self.body_type == "string":
             try:

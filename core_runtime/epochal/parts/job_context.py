@@ -3,10 +3,10 @@ connector adapters.
 
 Under ``epochal run`` each driver run has a token and a directory of run records in its
 environment, which its JVM and every Python worker inherit; the run's record
-(:func:`~epochal.state.run_records.read_run_record`) says which job it runs, at which lease epoch,
-as which run. A data source reads it when it is created, so a driver that restarts its query in
-place, or a warm driver (a standby, a driver of a pool) that learns its job only when it is
-promoted, hands the right values to its data sources without a new JVM. The data source
+(:func:`~epochal.state.run_records.read_run_record`) says which job it runs, at which lease
+epoch, as which run. A data source reads it when it is created, so a driver that restarts its
+query in place, or a warm driver (a standby, a driver of a pool) that learns its job only when
+it is promoted, hands the right values to its data sources without a new JVM. The data source
 captures the context on the driver and carries it, pickled, to the executors.
 
 A query started without ``epochal run`` gives the job through options (``epochal.job``,

@@ -5,8 +5,9 @@ scenarios (marked ``conformance`` and ``spark``) and their contract checks (mark
 ``conformance``: no Spark), keeps warm drivers for the scenarios (``epochal_driver_pool``),
 prints a one-line summary per scenario with ``-v`` (faults fired, runs, restarts, lost,
 duplicated), and at the end of the session a coverage table (every crash point of every
-connector under test, per guarantee, sink mode and kind of kill, with whether it passed) and
-the contract checks that ran.
+connector under test, per guarantee, sink mode and kind of kill, with whether it passed; a
+failed scenario marks FAILED the crash point it can blame, see
+:func:`~epochal.testing.points.fault_results`) and the contract checks that ran.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from epochal.control.launcher import DriverPool, use_pool
 from epochal.testing.points import (
     CONTRACT_RESULTS,
     EXPECTED,
+    FAILED,
+    NOT_REACHED,
+    NOT_RUN,
+    PASSED,
     ContractRow,
     CoverageRow,
     coverage_rows,
@@ -65,21 +70,24 @@ def pytest_collection_finish(session: Any) -> None:
         case = getattr(getattr(item, "callspec", None), "params", {}).get("conformance_case")
         if case is not None and item.cls is not None:
             for row in coverage_rows(item.cls, case):
-                EXPECTED.setdefault(row, "not run")
+                EXPECTED.setdefault(row, NOT_RUN)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def epochal_driver_pool() -> Iterator[DriverPool | None]:
+def epochal_driver_pool(tmp_path_factory: Any) -> Iterator[DriverPool | None]:
     """Warm drivers shared by the session's jobs (every ``Job.submit`` of this process with
     a local master): a job starts on a driver that has its JVM and SparkSession up, and a
     whole-driver kill is recovered on the next one. Killing them is as real as killing a
     cold one. They skip the warm-up query (about 9 CPU seconds a driver, most of what a
     driver costs before its first batch): the kit needs a driver started, not a fast first
-    batch, and on two cores the CPU is what the suite is short of."""
+    batch, and on two cores the CPU is what the suite is short of. Their logs and run records
+    are in the session's own temporary directory (``epochal-pool*`` under pytest's base one);
+    each driver's scratch directory, which its JVM's temporary files go to, is removed when
+    the driver ends."""
     if os.environ.get(POOL_ENV, "1") == "0":
         yield None
         return
-    pool = DriverPool(size=2, warm_up=False)
+    pool = DriverPool(size=2, directory=str(tmp_path_factory.mktemp("epochal-pool")), warm_up=False)
     use_pool(pool)
     try:
         yield pool
@@ -119,7 +127,7 @@ def pytest_sessionfinish(session: Any) -> None:
 
 
 #: When workers disagree on a row, the state that tells more wins.
-_STATE_RANK = {"not run": 0, "passed": 1, "FAILED": 2}
+_STATE_RANK = {NOT_RUN: 0, NOT_REACHED: 1, PASSED: 2, FAILED: 3}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -134,7 +142,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
             EXPECTED[row] = state
     for *fields, state in output.get("epochal_contracts", []):
         contract = ContractRow(*fields)
-        if CONTRACT_RESULTS.get(contract) != "FAILED":
+        if CONTRACT_RESULTS.get(contract) != FAILED:
             CONTRACT_RESULTS[contract] = state
 
 
@@ -161,8 +169,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
     states = [state for _, _, _, _, _, state in rows]
     write(
-        f"{states.count('passed')} of {len(states)} covered and passed; "
-        f"{states.count('FAILED')} failed; {states.count('not run')} not run"
+        f"{states.count(PASSED)} of {len(states)} covered and passed; "
+        f"{states.count(FAILED)} failed; {states.count(NOT_REACHED)} not reached (their "
+        f"scenario failed before their turn); {states.count(NOT_RUN)} not run"
     )
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epochal.state.jobs import JobStatus
 from epochal_sdk import Guarantee
 
 if TYPE_CHECKING:
-    from epochal.testing.scenarios import Scenario
+    from epochal.testing.scenarios import Outcome, Scenario
     from epochal.testing.suite import ConformanceSuite
 
 _REPLAYABLE_POINTS = ("source.after_plan", "source.after_read", "source.after_commit")
@@ -85,8 +86,13 @@ CONTRACT_RESULTS: dict[ContractRow, str] = {}
 (filled in by the kit; printed by the plugin at the end of the session)."""
 
 EXPECTED: dict[CoverageRow, str] = {}
-"""Every row the collected scenarios should cover, with its state: ``not run``, ``passed``
-or ``FAILED`` (filled in by the kit; printed by the plugin at the end of the session)."""
+"""Every row the collected scenarios should cover, with its state (filled in by the kit;
+printed by the plugin at the end of the session): ``not run`` (the scenario did not run),
+``passed``, ``FAILED``, or ``not reached`` (its scenario failed before this fault's turn
+came). A failed scenario marks FAILED only the rows it can blame (see
+:func:`fault_results`)."""
+
+PASSED, FAILED, NOT_REACHED, NOT_RUN = "passed", "FAILED", "not reached", "not run"
 
 
 def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[CoverageRow]:
@@ -120,3 +126,57 @@ def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[Cov
             )
         )
     return rows
+
+
+def fault_results(scenario: Scenario, outcome: Outcome, per_batch: int, failed: bool) -> list[str]:
+    """The coverage state of each of ``scenario``'s rows (as :func:`coverage_rows` gives them)
+    after it ran: all passed when it did not fail. When it failed, FAILED goes only where the
+    failure can be placed in its sequence of faults, the faults after it are ``not reached``
+    and the ones before it passed:
+
+    - the job did not complete: the last fault that fired (the job broke after it), or the
+      first one when none fired;
+    - the job completed but a fault did not fire: that fault;
+    - records lost (or duplicated under exactly-once) in the copy pipeline: for each of
+      those records, the fault that fired last at or before the batch it was in, by the
+      batch each fault's marker recorded (a fault that records none, ``source.after_plan``,
+      counts at the batch of the fault before it; an acknowledging source's stored batch
+      ``n`` is Spark's batch ``n - 1``), and every other fault that fired at that same
+      batch: a sequence's faults often fire one after another on the retries of one batch,
+      and the records of that batch went through all of them. The kit's sources give the
+      produced records in ID order, ``per_batch`` to a batch, so record ``i`` is in batch
+      ``i // per_batch``;
+    - anything else (transactions left in doubt, the source left unsettled, a loss in the
+      aggregate pipeline or in a scenario with random kills, which no marker places): every
+      row of the sequence.
+    """
+    random_row = [PASSED] if scenario.kind in RESTARTER_KINDS else []
+    if not failed:
+        return [PASSED] * len(scenario.faults) + random_row
+    fired = len(outcome.fired)
+    states = [PASSED] * fired + [NOT_REACHED] * (len(scenario.faults) - fired)
+    if outcome.record.status != JobStatus.COMPLETED:
+        states[max(fired - 1, 0)] = FAILED
+        return states + [NOT_REACHED] * len(random_row)
+    if fired < len(scenario.faults):
+        states[fired] = FAILED
+        return states + [NOT_REACHED] * len(random_row)
+    bad = list(outcome.lost)
+    if scenario.guarantee == Guarantee.EXACTLY_ONCE:
+        bad += list(outcome.duplicated)
+    if not bad or scenario.pipeline != "copy" or random_row:
+        return [FAILED] * (len(scenario.faults) + len(random_row))
+    batches: list[int] = []
+    for label in outcome.fired:
+        fired_at = outcome.fired_batches.get(label)
+        if fired_at is None:  # fired after the fault before it
+            batches.append(batches[-1] if batches else 0)
+        else:  # Spark's batch ids count from 0, an acknowledging source's stored batches from 1
+            batches.append(fired_at - 1 if label.startswith("ack_source.") else fired_at)
+    for record in bad:
+        at_or_before = [b for b in batches if b <= record // per_batch]
+        blamed = max(at_or_before) if at_or_before else min(batches)
+        for i, fired_at in enumerate(batches):
+            if fired_at == blamed:
+                states[i] = FAILED
+    return states

@@ -17,7 +17,7 @@ from epochal.config import JobConfig
 from epochal.control.job_requests import submit
 from epochal.protocols.two_phase import recorded_decisions
 from epochal.state.jobs import JobDirectory, JobRecord
-from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for
+from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for, with_temp_dir
 
 
 class RealFailures:
@@ -36,8 +36,12 @@ class RealFailures:
        random order, at random moments.
     """
 
-    def __init__(self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str):
+    def __init__(
+        self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str, temp_dir: str
+    ):
         self.jobdir, self.scenario, self.config = jobdir, scenario, config
+        self.temp_dir = temp_dir
+        """The supervisors' ``TMPDIR`` (their drivers' scratch directories go there)."""
         self.random = random.Random(seed)
         self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
         self.supervisors: list[subprocess.Popen[str]] = []
@@ -133,6 +137,7 @@ class RealFailures:
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            env=with_temp_dir(self.temp_dir),
         )
         self.supervisors.append(proc)
         return proc

@@ -23,10 +23,11 @@ from epochal_sdk import Guarantee
 if TYPE_CHECKING:
     from epochal.testing.suite import SinkUnderTest, SourceUnderTest
 
-_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
+_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m -XX:-UsePerfData"
 TEST_SPARK_CONF = {
     # Short-lived test drivers: C1 only and the serial GC start faster and use less CPU on a
-    # small machine; production jobs keep the JVM defaults.
+    # small machine; production jobs keep the JVM defaults. No perf data: a JVM writes it to
+    # /tmp/hsperfdata_<user> whatever its temporary directory, and a killed one leaves it.
     "spark.driver.extraJavaOptions": _FAST_JVM,
     "spark.executor.extraJavaOptions": _FAST_JVM,
     "spark.sql.shuffle.partitions": "2",
@@ -84,6 +85,8 @@ class Outcome:
     duplicated: dict[int, int] = field(default_factory=dict)
     fired: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fired_batches: dict[str, int | None] = field(default_factory=dict)
+    """The batch each fired fault recorded in its marker (None for a point that has none)."""
 
     def __str__(self) -> str:
         return (
@@ -104,6 +107,26 @@ class Outcome:
         )
 
 
+def scenario_temp_dir(snapshot_dir: str) -> str:
+    """The temporary directory of a scenario's processes: ``tmp`` beside its snapshot
+    directory (in the test's own directory), made if missing."""
+    path = os.path.join(os.path.dirname(os.path.abspath(snapshot_dir)), "tmp")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def with_temp_dir(temp_dir: str) -> dict[str, str]:
+    """The environment of a process the kit starts (a supervisor, a user's application), with
+    ``TMPDIR`` set to ``temp_dir``. The runtime's drivers follow ``TMPDIR``: a supervisor
+    gives each driver run a scratch directory in it, and a driver sets its JVM's
+    ``java.io.tmpdir`` to it (:func:`epochal.driver.session.follow_tmpdir`), where Spark
+    puts its local directories (``blockmgr-*``, ``spark-*``), the session's ``artifacts-*``
+    and the native libraries it unpacks (``liblz4-java-*.so``, RocksDB's); its Python
+    workers inherit it. A killed process leaves them in the test's directory, not in the
+    system's."""
+    return {**os.environ, "TMPDIR": temp_dir}
+
+
 def run_case(
     scenario: Scenario,
     source: SourceUnderTest,
@@ -115,7 +138,8 @@ def run_case(
     groups: int = 10,
     pool: DriverPool | None = None,
 ) -> Outcome:
-    """Run one scenario and count what the sink shows, by record ID."""
+    """Run one scenario and count what the sink shows, by record ID. The processes it starts
+    keep their temporary files in :func:`scenario_temp_dir` (see :func:`with_temp_dir`)."""
     batches = len(scenario.faults) + 3
     if scenario.kind in RESTARTER_KINDS:
         batches += 20  # room for the take-overs and the random kills (~5-10 batches)
@@ -152,11 +176,15 @@ def run_case(
     if scenario.kind == "real-failures":
         from epochal.testing.real_failures import RealFailures
 
-        record = RealFailures(jobdir, scenario, config, seed=name).run(notes)
+        record = RealFailures(
+            jobdir, scenario, config, seed=name, temp_dir=scenario_temp_dir(snapshot_dir)
+        ).run(notes)
     elif scenario.kind == "session-failures":
         from epochal.testing.session_failures import SessionFailures
 
-        record = SessionFailures(jobdir, scenario, spec, seed=name).run(notes)
+        record = SessionFailures(
+            jobdir, scenario, spec, seed=name, temp_dir=scenario_temp_dir(snapshot_dir)
+        ).run(notes)
     else:
         lines: list[str] = []
         use_pool = pool if scenario.master == LOCAL else None
@@ -172,7 +200,9 @@ def run_case(
             record.failure = (
                 f"{record.failure}\nsupervisor: {lines}\n{driver_log_tail(jobdir.logs)}"
             )
-    fired = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults").fired()
+    plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+    fired = plan.fired()
+    fired_batches = {label: plan.marker_info(label).get("batch") for label in fired}
     committed = sink.committed(scenario.mode)
     if scenario.pipeline == "aggregate":
         return _count_groups(record, ids, committed, groups, fired)
@@ -186,6 +216,7 @@ def run_case(
         duplicated={i: n for i, n in counts.items() if n > 1},
         fired=fired,
         notes=notes,
+        fired_batches=fired_batches,
     )
 
 

@@ -33,7 +33,13 @@ from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.real_failures import check_zombie_wrote_nothing
-from epochal.testing.scenarios import KIT_LEASE_TTL, Scenario, driver_log_tail, wait_for
+from epochal.testing.scenarios import (
+    KIT_LEASE_TTL,
+    Scenario,
+    driver_log_tail,
+    wait_for,
+    with_temp_dir,
+)
 
 APP_MODULE = "epochal.testing.session_app"
 MAX_STARTS = 12
@@ -43,8 +49,17 @@ MAX_STARTS = 12
 class SessionFailures:
     """Runs the plain-session scenario (see the module doc) for one job."""
 
-    def __init__(self, jobdir: JobDirectory, scenario: Scenario, spec: dict[str, Any], seed: str):
+    def __init__(
+        self,
+        jobdir: JobDirectory,
+        scenario: Scenario,
+        spec: dict[str, Any],
+        seed: str,
+        temp_dir: str,
+    ):
         self.jobdir, self.scenario = jobdir, scenario
+        self.temp_dir = temp_dir
+        """The applications' ``TMPDIR`` (their JVMs' temporary directory follows it)."""
         self.random = random.Random(seed)
         self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
         self.checkpoint = f"{jobdir.path}-checkpoint"
@@ -133,7 +148,7 @@ class SessionFailures:
         assert len(self.apps) < MAX_STARTS, f"the restarter gave up after {MAX_STARTS} starts"
         token = processes.new_run_token()
         env = {
-            **os.environ,
+            **with_temp_dir(self.temp_dir),
             SPEC_ENV: json.dumps(self.spec),
             processes.RUN_TOKEN_ENV: token,
             "PYSPARK_PYTHON": sys.executable,

@@ -14,6 +14,7 @@ from epochal.state.store import SnapshotStore
 from epochal.testing.contract_checks.common import (
     DEADLINE,
     RECEIVE_TIMEOUT,
+    REQUEUE_WAIT,
     ContractViolationError,
     Part,
     Subject,
@@ -22,6 +23,7 @@ from epochal.testing.contract_checks.common import (
     _violation,
     arrow_schema,
     as_dicts,
+    poll_until_settled,
 )
 from epochal.testing.crashing import StepFailedError, run_then_die
 from epochal_sdk import (
@@ -31,6 +33,29 @@ from epochal_sdk import (
 
 if TYPE_CHECKING:
     pass
+
+
+def receive_after_death(
+    receive_ids: Callable[[], list[int]], expected: set[int], markers: set[int]
+) -> None:
+    """Receive (``receive_ids()``: the record IDs one receive gave) after a process that held
+    messages died, until the ``markers`` (records produced after the death) arrived and a
+    receive came back empty, and then on while the broker may still be requeueing the dead
+    process's messages: until every ``expected`` record arrived (at once for a sound source)
+    or :data:`~epochal.testing.contract_checks.common.REQUEUE_WAIT` seconds passed since the
+    markers did. Bounded by :data:`DEADLINE` in all."""
+    seen: set[int] = set()
+    markers_seen_at: float | None = None
+    deadline = time.monotonic() + DEADLINE
+    while _until(deadline):
+        got = receive_ids()
+        seen |= set(got)
+        if got or not markers <= seen:
+            continue
+        if markers_seen_at is None:
+            markers_seen_at = time.monotonic()
+        if expected <= seen or time.monotonic() > markers_seen_at + REQUEUE_WAIT:
+            return
 
 
 # -- the acknowledging source -----------------------------------------------------------------
@@ -134,26 +159,30 @@ class AckRun:
         return ids, message_ids
 
     def store_until(
-        self, protocol: AckProtocol, seq: int, markers: set[int]
+        self, protocol: AckProtocol, seq: int, expected: set[int], markers: set[int]
     ) -> tuple[int, list[int]]:
-        """Let the runtime store batches from ``seq`` until the ``markers`` (records produced
-        after the crash, so behind every redelivery in the queue) are stored and a receive
-        came back empty (or :data:`DEADLINE` passed); the last batch and the record IDs
-        stored."""
-        start, seen = seq, set[int]()
-        deadline = time.monotonic() + DEADLINE
-        while _until(deadline):
+        """Let the runtime store batches from ``seq`` as :func:`receive_after_death` receives:
+        until the ``markers`` (records produced after the crash, so behind every redelivery
+        in the queue) and the ``expected`` records are stored; the last batch and the record
+        IDs stored."""
+        start = seq
+
+        def store_next() -> list[int]:
+            nonlocal seq
             new = protocol.next_batch(seq, 10, RECEIVE_TIMEOUT)
-            if new == seq and markers <= seen:
-                break
-            if new != seq:
-                seen |= set(self.stored(seq + 1, new)[0])
-                seq = new
+            ids = self.stored(seq + 1, new)[0] if new != seq else []
+            seq = new
+            return ids
+
+        receive_after_death(store_next, expected, markers)
         return seq, self.stored(start + 1, seq)[0]
 
     def settled(self) -> None:
-        """The source system holds nothing unsettled (the suite's ``unsettled()``)."""
-        left = self.under.unsettled()
+        """The source system holds nothing unsettled (the suite's ``unsettled()``), once every
+        source of the check is closed: polled until it is empty, for up to
+        :data:`~epochal.testing.contract_checks.common.REQUEUE_WAIT` seconds (the broker
+        settles the acknowledgements of a closed or dead consumer asynchronously)."""
+        left = poll_until_settled(self.under.unsettled, REQUEUE_WAIT)
         if left:
             raise _violation(
                 self.check,
@@ -192,7 +221,7 @@ def check_ack_crash_before_store(subject: Subject) -> None:
     source = _open(run.part, 2, 100)
     try:
         protocol = AckProtocol(run.store, source, run.part.part_id, arrow_schema(source.schema()))
-        last, stored = run.store_until(protocol, 0, markers)
+        last, stored = run.store_until(protocol, 0, produced, markers)
         lost = produced - set(stored)
         if lost:
             raise _lost_after_crash(check, lost, "received by a process that died before the store")
@@ -238,7 +267,9 @@ def check_ack_crash_before_ack(subject: Subject) -> None:
     source = _open(run.part, 2, 100)
     try:
         protocol = AckProtocol(run.store, source, run.part.part_id, arrow_schema(source.schema()))
-        last, _ = run.store_until(protocol, first["last"], markers)
+        # the redeliveries of the stored batches are dropped by ID, not stored again: only
+        # the markers are new
+        last, _ = run.store_until(protocol, first["last"], markers, markers)
         stored, _ = run.stored(1, last)
         lost = (produced | markers) - set(stored)
         if lost:
@@ -279,13 +310,14 @@ def check_ack_settles_those(subject: Subject) -> None:
     try:
         columns = source.columns()
         again: dict[int, str] = {}
-        quiet_after_markers = False
-        deadline = time.monotonic() + DEADLINE
-        while not quiet_after_markers and _until(deadline):
+
+        def receive_ids() -> list[int]:
             messages = source.receive(10, RECEIVE_TIMEOUT)
             ids = run.ids_of([_message_row(m, columns) for m in messages])
             again.update(zip(ids, (m.id for m in messages), strict=True))
-            quiet_after_markers = not messages and markers <= set(again)
+            return ids
+
+        receive_after_death(receive_ids, kept, markers)
         back = acknowledged & set(again)
         if back:
             raise _violation(
@@ -296,13 +328,7 @@ def check_ack_settles_those(subject: Subject) -> None:
             )
         lost = kept - set(again)
         if lost:
-            raise _violation(
-                check,
-                f"{len(lost)} messages that were received and NOT acknowledged never came "
-                f"back (IDs {_first(lost)}): acknowledge(ids) settled more than the IDs it "
-                "was given (a cumulative acknowledgement): messages the runtime has not "
-                "stored yet are lost",
-            )
+            raise _violation(check, _settled_more(lost, _settles_on_receipt(run, receive_ids)))
         changed = [i for i in kept if again[i] != received[i][0]]
         if changed and run.exactly_once:
             raise _violation(
@@ -314,3 +340,44 @@ def check_ack_settles_those(subject: Subject) -> None:
     finally:
         source.close()
     run.settled()
+
+
+def _settles_on_receipt(run: AckRun, receive_ids: Callable[[], list[int]]) -> bool:
+    """Whether the source settles messages that are received and never acknowledged: a
+    process receives new records without acknowledging any and dies; ``receive_ids`` (a
+    consumer still open) must get them back."""
+    probe = run.produce(range(1000, 1005))
+    run.in_dying_process(receive_step, run=3, capacity=100, count=len(probe), max_messages=5)
+    markers = run.produce(range(1005, 1010))
+    seen: set[int] = set()
+
+    def receive() -> list[int]:
+        got = receive_ids()
+        seen.update(got)
+        return got
+
+    receive_after_death(receive, probe, markers)
+    return not probe <= seen
+
+
+def _settled_more(lost: set[int], on_receipt: bool) -> str:
+    """What a source that settled unacknowledged messages did, by whether it settles what it
+    received without any acknowledgement (``on_receipt``)."""
+    head = (
+        f"{len(lost)} messages that were received and NOT acknowledged never came back (IDs "
+        f"{_first(lost)}): "
+    )
+    if on_receipt:
+        return head + (
+            "messages a process received and never acknowledged were settled too (a probe "
+            "received 5 new ones without acknowledging any, died, and they never came back): "
+            "the source settles on receipt (acknowledged in receive(), or an auto-acknowledge "
+            "session): messages the runtime has not stored yet are lost"
+        )
+    return head + (
+        "messages received and never acknowledged do come back (a probe received 5 without "
+        "acknowledging and died: they were redelivered), so acknowledge(ids) settled more than "
+        "the IDs it was given (a cumulative acknowledgement: AMQP's multiple flag, JMS "
+        "CLIENT_ACKNOWLEDGE's message.acknowledge()): messages the runtime has not stored yet "
+        "are lost"
+    )

@@ -31,6 +31,13 @@ RECEIVE_TIMEOUT = 0.5
 DEADLINE = 60.0
 """Seconds a check waits for records or messages that must arrive (it returns as soon as they
 did; only a broken connector waits this long)."""
+REQUEUE_WAIT = 5.0
+"""Seconds the checks keep polling, once a process that held messages died and the records
+produced after its death (the markers) arrived, for the broker to requeue the dead process's
+messages and to settle what it acknowledged: a broker does both asynchronously, after it
+notices the connection is gone (an AMQP or JMS broker, when the socket closes or a
+heartbeat is missed). The checks stop polling as soon as what they wait for is there; only a
+source that lost messages, or left them unsettled, waits this long."""
 CHUNKS = 3
 """A task's records reach a sink writer in this many Arrow batches."""
 
@@ -279,3 +286,14 @@ def _first(items: Iterable[Any], n: int = 10) -> list[Any]:
 
 def _until(deadline: float) -> bool:
     return time.monotonic() < deadline
+
+
+def poll_until_settled(unsettled: Callable[[], list[Any]], seconds: float) -> list[Any]:
+    """Call ``unsettled()`` until it returns nothing or ``seconds`` passed; its last answer
+    (empty when the source system settled everything in time)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = unsettled()
+        if not left or not _until(deadline):
+            return left
+        time.sleep(0.1)
