@@ -28,8 +28,9 @@ test:
 lint: install
 	$(RUN) -m ruff check . && $(RUN) -m ruff format --check .
 
-# The edit-test loop (about a minute): lint, the unit tests, the map connector's tests and
-# the kit's contract checks (no Spark, no servers). `make test` is the whole suite.
+# The edit-test loop (about a minute): lint, types, the unit tests, the map connector's tests
+# and the kit's contract checks (no Spark, no servers). `make test` is the whole suite.
 check: lint
+	$(RUN) -m mypy
 	$(RUN) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup -m "not spark" \
 		tests/unit tests/map tests/conformance

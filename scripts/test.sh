@@ -27,6 +27,7 @@ phase "integration prerequisites" bash .ci/install-integration
 # faster driver starts (a JVM class-data archive; made once per machine, then kept)
 phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers start without it)"' "$PYTHON"
 phase "lint (ruff)" "$PYTHON" -m ruff check .
+phase "type check (mypy)" "$PYTHON" -m mypy
 # Two workers (pytest-xdist): a unit of work is a module, or one crash test of the kit, handed
 # out longest first (the root conftest.py); EPOCHAL_TEST_WORKERS=1 runs the suite serially.
 # integration.harness.timing prints where the slowest tests spend their time.

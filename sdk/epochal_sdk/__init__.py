@@ -21,6 +21,7 @@ runtime's own names (the errors only it raises, the base classes ``Source`` and 
 
 from epochal_sdk.connector import Connector
 from epochal_sdk.context import ConnectorContext
+from epochal_sdk.delivery import DeliveryHandles
 from epochal_sdk.errors import (
     ConfigError,
     DataGoneError,
@@ -57,6 +58,7 @@ __all__ = [
     "Connector",
     "ConnectorContext",
     "DataGoneError",
+    "DeliveryHandles",
     "EpochalError",
     "Guarantee",
     "IdempotentSink",

@@ -439,7 +439,7 @@ class AcknowledgingSource(Source):
         acknowledged delivery tag (a channel error), requeueing every unacknowledged
         delivery of it. Keep this session's handles by message ID, acknowledge each once,
         never cumulatively (AMQP ``multiple=True``, JMS ``CLIENT_ACKNOWLEDGE``):
-        :class:`epochal_sdk.delivery.DeliveryHandles` does that.
+        :class:`epochal_sdk.DeliveryHandles` does that.
 
         When it returns, every acknowledgement must have been handed to the client on the
         live session (sent, or queued on a connection whose ``close`` sends it first); it

@@ -36,13 +36,10 @@ from epochal.control.launcher import DriverPool
 from epochal.parts import registry
 from epochal.testing.broker import TestBroker
 from epochal.testing.contract_checks import ContractCheck, Subject, checks_of
-from epochal.testing.scenarios import Scenario, run_case
-from epochal.testing.suite import (
-    ConformanceSuite,
-    SinkUnderTest,
-    SourceUnderTest,
-    scenario_problem,
-)
+from epochal.testing.runner import run_case
+from epochal.testing.scenarios import Scenario
+from epochal.testing.suite import ConformanceSuite, scenario_problem
+from epochal.testing.under_test import SinkUnderTest, SourceUnderTest
 from epochal_map.testing import MapSinkUnderTest, MapSourceUnderTest
 from epochal_sdk import Guarantee
 from tests.conformance.mutants import MUTANT_PARTS, bug_of

@@ -21,6 +21,7 @@ from epochal.testing.broker import TestBroker, TestQueueSource
 from epochal.testing.contract_checks import acknowledging, common
 from epochal.testing.crashing import StepFailedError, run_then_die
 from epochal.testing.points import SOURCE_POINTS
+from epochal.testing.record_ids import sql_record_ids
 from epochal_sdk import Guarantee, Options
 from tests.conformance import mutants
 from tests.conformance.catalogue import check_problem, plugins_loaded
@@ -166,12 +167,12 @@ def test_an_unknown_type_is_named() -> None:
 
 def test_record_ids_come_from_the_id_expression() -> None:
     rows = [{"key": b"7", "body": "8"}, {"key": b"9", "body": "10"}]
-    assert contract_checks.sql_record_ids("CAST(CAST(key AS STRING) AS BIGINT)", rows) == [7, 9]
-    assert contract_checks.sql_record_ids("CAST(`body` AS BIGINT) + 1", rows) == [9, 11]
+    assert sql_record_ids("CAST(CAST(key AS STRING) AS BIGINT)", rows) == [7, 9]
+    assert sql_record_ids("CAST(`body` AS BIGINT) + 1", rows) == [9, 11]
     with pytest.raises(ValueError, match=r"override SourceUnderTest\.record_ids"):
-        contract_checks.sql_record_ids("get_json_object(body, '$.id')", rows)
+        sql_record_ids("get_json_object(body, '$.id')", rows)
     with pytest.raises(ValueError, match="not an integer record ID"):
-        contract_checks.sql_record_ids("body || 'x'", rows)
+        sql_record_ids("body || 'x'", rows)
 
 
 def test_every_mutant_is_a_connector_with_its_bug_in_one_sentence() -> None:

@@ -4,7 +4,7 @@ not fire), the faults before it passed and the ones after it not reached."""
 
 from __future__ import annotations
 
-from epochal.control.fault_plan import Fault
+from epochal.base.fault_plan import Fault
 from epochal.state.jobs import JobRecord, JobStatus
 from epochal.testing.points import FAILED, NOT_REACHED, PASSED, fault_results
 from epochal.testing.scenarios import Outcome, Scenario

@@ -20,7 +20,7 @@ def test_a_scenario_s_temp_dir_is_beside_its_snapshots(tmp_path: Path) -> None:
 def test_a_driver_started_with_the_kit_s_environment_points_its_jvm_there(tmp_path: Path) -> None:
     temp_dir = scenario_temp_dir(str(tmp_path / "snapshots"))
     probe = (
-        "import tempfile; from epochal.driver.session import follow_tmpdir; "
+        "import tempfile; from epochal.startup.session import follow_tmpdir; "
         "print(tempfile.gettempdir()); print(follow_tmpdir('-Xss4m'))"
     )
     out = subprocess.run(

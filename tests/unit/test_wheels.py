@@ -227,6 +227,8 @@ def test_the_installed_wheels_work_without_the_checkout(
     ).stdout.strip()
     ours = sysconfig.get_paths()
     (Path(purelib) / "dependencies.pth").write_text(f"{ours['purelib']}\n{ours['platlib']}\n")
+    # nothing of the checkout on the path: pip would take it for the installed packages
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "EPOCHAL_PLUGINS"}}
     install = subprocess.run(
         [
             *(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q"),
@@ -235,9 +237,9 @@ def test_the_installed_wheels_work_without_the_checkout(
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert install.returncode == 0, install.stdout + install.stderr
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "EPOCHAL_PLUGINS"}}
     for args in (["-c", INSTALLED_CHECK], ["-m", "epochal", "connectors"]):
         done = subprocess.run(
             [python, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120

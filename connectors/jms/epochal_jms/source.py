@@ -18,13 +18,13 @@ from typing import Any, ClassVar
 from epochal_jms.client import BrokerConfig, StompClient, connect_checked
 from epochal_sdk import (
     AcknowledgingSource,
+    DeliveryHandles,
     Guarantee,
     Message,
     Options,
     PoisonRecordError,
     RestartableError,
 )
-from epochal_sdk.delivery import DeliveryHandles
 
 log = logging.getLogger("epochal.jms")
 

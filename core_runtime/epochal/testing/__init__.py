@@ -25,9 +25,11 @@ Example (a connector's tests)::
             return epochal_map_source
 """
 
-from epochal.testing.scenarios import Outcome, Scenario, run_case
-from epochal.testing.suite import ConformanceSuite, SinkUnderTest, SourceUnderTest
+from epochal.testing.runner import run_case
+from epochal.testing.scenarios import Outcome, Scenario
+from epochal.testing.suite import ConformanceSuite
 from epochal.testing.transactions import prepare_transaction
+from epochal.testing.under_test import SinkUnderTest, SourceUnderTest
 
 __all__ = [
     "ConformanceSuite",

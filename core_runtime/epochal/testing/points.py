@@ -5,14 +5,23 @@ the points themselves and where each runs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from epochal.state.jobs import JobStatus
 from epochal_sdk import Guarantee
 
 if TYPE_CHECKING:
     from epochal.testing.scenarios import Outcome, Scenario
-    from epochal.testing.suite import ConformanceSuite
+
+
+class LabelsCrashPoints(Protocol):
+    """A suite as the coverage table sees it (:class:`~epochal.testing.ConformanceSuite`):
+    it names the connector each crash point belongs to."""
+
+    def connector_label(self, point: str) -> str:
+        """The connector ``point`` belongs to, for the coverage table."""
+        ...
+
 
 _REPLAYABLE_POINTS = ("source.after_plan", "source.after_read", "source.after_commit")
 SOURCE_POINTS = {
@@ -95,7 +104,7 @@ came). A failed scenario marks FAILED only the rows it can blame (see
 PASSED, FAILED, NOT_REACHED, NOT_RUN = "passed", "FAILED", "not reached", "not run"
 
 
-def coverage_rows(suite: type[ConformanceSuite], scenario: Scenario) -> list[CoverageRow]:
+def coverage_rows(suite: LabelsCrashPoints, scenario: Scenario) -> list[CoverageRow]:
     """The rows a scenario of ``suite`` covers."""
     rows = []
     for fault in scenario.faults:

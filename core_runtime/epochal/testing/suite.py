@@ -48,8 +48,6 @@ catalogue (epochal's ``tests/conformance/catalogue.py``) before a Spark job star
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,7 +56,7 @@ import pytest
 from epochal.base.fault_plan import DRIVER_POINTS, EXECUTOR_POINTS, Fault
 from epochal.control.launcher import DriverPool
 from epochal.state.jobs import JobStatus
-from epochal.testing.contract_checks import ContractCheck, Subject, checks_of, sql_record_ids
+from epochal.testing.contract_checks import ContractCheck, Subject, checks_of
 from epochal.testing.contract_checks.common import REQUEUE_WAIT, poll_until_settled
 from epochal.testing.points import (
     CONTRACT_RESULTS,
@@ -70,101 +68,10 @@ from epochal.testing.points import (
     coverage_rows,
     fault_results,
 )
-from epochal.testing.scenarios import CLUSTER, Outcome, Scenario, run_case
+from epochal.testing.runner import run_case
+from epochal.testing.scenarios import CLUSTER, Outcome, Scenario
+from epochal.testing.under_test import SinkUnderTest, SourceUnderTest
 from epochal_sdk import Guarantee
-
-
-# -- what a connector gives the kit ---------------------------------------------------------
-class SourceUnderTest(ABC):
-    """A source connector as the kit drives it.
-
-    Class attributes:
-        connector: the connector's name (``format("epochal.<connector>")``).
-        id_expr: a SQL expression over the source's columns that gives each record's
-            integer ID, e.g. ``"CAST(key AS BIGINT)"``; the kit counts lost and duplicated
-            records by it.
-        format: optional; the format the kit reads the source with: empty (the default) for
-            ``epochal.<connector>``; a source that is not an epochal connector gives its own
-            (Spark's Kafka source: ``"kafka"``). The contract checks, which drive an epochal
-            connector's own objects, are skipped for such a source.
-        route_by_key: optional (default False); route the rows by their ID
-            (``repartition``) between the source and the sink in the copy pipeline. A
-            source whose replays may give rows to other Spark partitions (Spark's Kafka
-            source) needs it before a sink that settles each partition on its own
-            (:meth:`~epochal_sdk.Sink.settles_each_partition`), or the job is refused.
-
-    The kit adds ``maxRecordsPerBatch`` to :meth:`options`; the runtime's own options
-    (``maxRecordsPerBatch``, an acknowledging source's ``receiveTimeoutMs``) need not be in
-    the connector's ``source_options``.
-    """
-
-    connector: ClassVar[str]
-    id_expr: ClassVar[str]
-    format: ClassVar[str] = ""
-    """The format the kit reads the source with: empty for ``epochal.<connector>``; a source
-    that is not an epochal connector (Spark's own Kafka source: ``"kafka"``) gives its own."""
-    route_by_key: bool = False
-    """Route the rows by their ID (``repartition``) between the source and the sink in the
-    copy pipeline: a source whose replays may give rows to other Spark partitions (Spark's
-    Kafka source) needs it before a sink that settles each partition on its own
-    (:meth:`~epochal_sdk.sinks.Sink.settles_each_partition`), or the job is refused."""
-
-    @abstractmethod
-    def options(self) -> dict[str, str]:
-        """Options for ``readStream.format("epochal.<connector>")``."""
-
-    @abstractmethod
-    def produce(self, ids: Sequence[int]) -> None:
-        """Put records with these IDs into the source (before the job starts). Each record
-        must carry its ID so that ``id_expr`` finds it; any other columns are up to you."""
-
-    def unsettled(self) -> list[str]:
-        """What the source system still holds that the job should have settled (e.g.
-        unacknowledged messages, or messages delivered and not acknowledged); must be empty
-        at the end. Report the system's state as it is now, without waiting.
-
-        When the kit calls it: only after every source it opened is closed and every process
-        that held messages has ended (a contract check's dying process, a scenario's killed
-        drivers and workers, the job's last driver). A broker requeues a dead consumer's
-        messages, and settles the acknowledgements of a closed one, asynchronously, after it
-        notices the connection is gone; the kit therefore polls ``unsettled()`` until it
-        returns nothing, for up to
-        :data:`~epochal.testing.contract_checks.common.REQUEUE_WAIT` seconds, and fails with
-        its last answer. Likewise, after a process died, the contract checks keep receiving
-        until the dead process's messages came back (or that long after the records produced
-        after its death arrived). A connector's ``unsettled()`` needs no wait of its own."""
-        return []
-
-    def record_ids(self, rows: list[dict[str, Any]]) -> list[int]:
-        """The record ID of each row (a dict by column name, as the source gave it), for the
-        contract checks, which read without Spark: ``id_expr`` evaluated by SQLite. Override
-        it only when SQLite cannot evaluate ``id_expr`` (the checks then say so)."""
-        return sql_record_ids(self.id_expr, rows)
-
-
-class SinkUnderTest(ABC):
-    """A sink connector as the kit drives it. The pipeline writes ``key`` and ``value``
-    string columns (both the record ID in the copy pipeline).
-
-    Class attributes:
-        connector: the connector's name (``writeStream.format("epochal.<connector>")``).
-    """
-
-    connector: ClassVar[str]
-
-    @abstractmethod
-    def options(self, mode: str) -> dict[str, str]:
-        """Options for ``writeStream.format("epochal.<connector>")`` in ``mode``
-        (``transactional`` or ``idempotent``)."""
-
-    @abstractmethod
-    def committed(self, mode: str) -> list[tuple[str, str]]:
-        """What an independent reader sees, as (key, value) pairs, one per visible write
-        (a transactional sink's committed records; an idempotent sink's entries)."""
-
-    def in_doubt(self) -> list[str]:
-        """Prepared, unsettled transactions left in the system (must be none at the end)."""
-        return []
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from epochal.testing.contract_checks.common import (
     Part,
     Subject,
     arrow_type,
-    sql_record_ids,
 )
 from epochal.testing.contract_checks.replayable import check_replay_once, check_replay_same_rows
 from epochal.testing.contract_checks.sinks import (
@@ -137,16 +136,6 @@ def checks_of(contract: str) -> list[ContractCheck]:
 
 
 __all__ = [
-    "CHECKS",
-    "ContractCheck",
-    "ContractViolationError",
-    "Subject",
-    "arrow_schema",
-    "checks_of",
-    "sql_record_ids",
-]
-
-__all__ = [
     "BY_NAME",
     "CHECKS",
     "ContractCheck",
@@ -156,7 +145,6 @@ __all__ = [
     "arrow_type",
     "checks_of",
     "receive_step",
-    "sql_record_ids",
     "store_step",
     "transaction_step",
     "upsert_step",
