@@ -128,3 +128,52 @@ def test_what_no_marker_places_fails_the_whole_sequence() -> None:
         FAILED,
         FAILED,
     ]
+
+
+def test_the_coverage_of_two_workers_is_one_table_where_a_failure_wins() -> None:
+    """Under pytest-xdist each worker collects every scenario and runs some; the controller
+    merges their rows: a row one worker ran is ``not run`` on the other, and a FAILED row or
+    contract check is never hidden by another worker's state."""
+    from types import SimpleNamespace
+
+    from epochal.testing import plugin
+    from epochal.testing.points import (
+        CONTRACT_RESULTS,
+        EXPECTED,
+        FAILED,
+        NOT_RUN,
+        PASSED,
+        ContractRow,
+        CoverageRow,
+    )
+
+    ran = CoverageRow("map", "sink.a", "exactly-once", "transactional", "worker")
+    broke = CoverageRow("map", "sink.b", "exactly-once", "transactional", "worker")
+    check = ContractRow("map", "replay-once", "")
+    workers = [  # what each worker's session holds at its end
+        ({ran: PASSED, broke: NOT_RUN}, {check: FAILED}),
+        ({ran: NOT_RUN, broke: FAILED}, {check: "passed in 0.1 s"}),
+        ({ran: NOT_RUN, broke: NOT_RUN}, {}),
+    ]
+    saved = dict(EXPECTED), dict(CONTRACT_RESULTS)
+    try:
+        outputs = []
+        for expected, contracts in workers:
+            EXPECTED.clear()
+            EXPECTED.update(expected)
+            CONTRACT_RESULTS.clear()
+            CONTRACT_RESULTS.update(contracts)
+            session = SimpleNamespace(config=SimpleNamespace(workeroutput={}))
+            plugin.pytest_sessionfinish(session)
+            outputs.append(session.config.workeroutput)
+        EXPECTED.clear()  # the controller collects nothing itself
+        CONTRACT_RESULTS.clear()
+        for output in outputs:
+            plugin.pytest_testnodedown(SimpleNamespace(workeroutput=output), None)
+        assert {ran: PASSED, broke: FAILED} == EXPECTED
+        assert {check: FAILED} == CONTRACT_RESULTS
+    finally:
+        EXPECTED.clear()
+        EXPECTED.update(saved[0])
+        CONTRACT_RESULTS.clear()
+        CONTRACT_RESULTS.update(saved[1])
