@@ -28,7 +28,7 @@ test:
 lint: install
 	$(RUN) -m ruff check . && $(RUN) -m ruff format --check .
 
-# The edit-test loop (about a minute): lint, types, the unit tests, the map connector's tests
+# The edit-test loop (under a minute and a half here): lint, types, the unit tests, the map connector's tests
 # and the kit's contract checks (no Spark, no servers). `make test` is the whole suite.
 check: lint
 	$(RUN) -m mypy
