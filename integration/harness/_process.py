@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from epochal.base.processes import alive
+
 T = TypeVar("T")
 
 HOST = "127.0.0.1"
@@ -122,16 +124,6 @@ def tail_file(path: Path, lines: int = 80, max_bytes: int = 64_000) -> str:
 OWNER_FILE = ".epochal-harness-owner"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_temp_dirs(prefix: str) -> None:
     """Remove temp dirs with ``prefix`` left by a harness process that no longer exists.
 
@@ -144,7 +136,7 @@ def sweep_stale_temp_dirs(prefix: str) -> None:
             pid = int(marker.read_text().strip())
         except (OSError, ValueError):
             continue
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not alive(pid):
             shutil.rmtree(path, ignore_errors=True)
 
 
