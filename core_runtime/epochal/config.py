@@ -112,7 +112,7 @@ def check_spark_setting(key: str, value: str) -> None:
     )
 
 
-CONNECT_DOC = "docs/spark-connect.md"
+CONNECT_DOC = "docs/how-to/spark-connect.md"
 """Where running epochal's formats from a Spark Connect client is explained."""
 SPARK_CONNECT_ADVICE = (
     "Give a Spark master (local[2], spark://host:7077, yarn, k8s://...), or run the query from "

@@ -14,8 +14,8 @@ number), read by Spark's Kafka source (``format("kafka")``, ``read_committed``,
       exactly-once job;
     * ``fast path, keyed → epochal Kafka (EO)``: the same after ``repartition("key")``, the
       form that stays exactly-once across a driver crash in the middle of a batch
-      (docs/guarantees.md: Spark's Kafka source does not give a replayed batch's records to
-      the same Spark partitions);
+      (docs/explanation/guarantees.md: Spark's Kafka source does not give a replayed
+      batch's records to the same Spark partitions);
     * ``Spark Kafka → Spark Kafka (ALO)``: Spark's own Kafka sink (at-least-once);
 * Kafka → PostgreSQL (columns ``id``, ``value``)
     * ``fast path → epochal JDBC 2PC (EO)``: epochal's JDBC sink, ``mode=transactional``, in an

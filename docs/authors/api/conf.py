@@ -3,7 +3,7 @@
 
 Build it (seconds; a warning, a broken cross-reference included, fails the build)::
 
-    python -m sphinx -W --keep-going -b html docs/api docs/api/_build
+    python -m sphinx -W --keep-going -b html docs/authors/api docs/authors/api/_build
 
 ``tests/unit/test_api_reference.py`` builds it the same way and checks that every public
 name has a docstring.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "sdk"))  # this checkout's SDK, not an installed copy
 
 project = "epochal SDK"
