@@ -1,6 +1,6 @@
 """Bad input gets a clear error that names the input and what to do, before anything is
 written; nothing a user can mistype costs data. One test per row of the bad-input table in
-docs/explanation/guarantees.md ("Bad input");
+docs/evidence/bad-input.md;
 :func:`test_the_bad_input_table_names_tests_that_exist` keeps the table and the tests in step
 (the JDBC rows are integration tests: integration/jdbc/test_jdbc_bad_input.py).
 """
@@ -36,8 +36,8 @@ from epochal.state.lease import swaps
 from epochal_sdk import ConfigError, Options
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = "docs/explanation/guarantees.md"
-TABLE_HEADING = "## Bad input"
+PAGE = "docs/evidence/bad-input.md"
+TABLE_HEADING = "# Bad input"
 
 
 def _epochal(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
