@@ -32,7 +32,11 @@ def commands(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
 
 def render_page() -> str:
     """The page as the parser describes it, 100 columns wide."""
-    with mock.patch.dict(os.environ, {"COLUMNS": "100"}):
+    # the defaults as an unconfigured machine has them ($EPOCHAL_SNAPSHOT_DIR sets another)
+    with (
+        mock.patch.dict(os.environ, {"COLUMNS": "100"}),
+        mock.patch("epochal.ops.cli.DEFAULT_SNAPSHOT_DIR", "./epochal-snapshots"),
+    ):
         top = parser()
         blocks = [INTRO, "## `epochal`\n", "```\n" + top.format_help() + "```\n"]
         for name, command in commands(top).items():
