@@ -95,3 +95,18 @@ def test_the_tutorials_program_writes_every_order_once(
         assert key == f"o-{order_id}" and customer == f"c{order_id % 7}"
         assert amount == Decimal(f"{order_id}.25") and partition == order_id % PARTITIONS
     assert prepared == [], "transactions left prepared"
+
+    # what the page says `jobs status` shows: a session run, the sink exactly-once
+    command = ["jobs", "status", "orders", "--json", "--snapshot-dir", env["EPOCHAL_DIR"]]
+    shown = subprocess.run(
+        [sys.executable, "-m", "epochal", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert [run["kind"] for run in status["runs"]] == ["session"]
+    sinks = [p for p in status["metrics"]["parts"].values() if p["kind"] == "sink"]
+    assert [(s["connector"], s["guarantee"]) for s in sinks] == [("jdbc", "exactly-once")]
