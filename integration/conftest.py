@@ -1,7 +1,7 @@
 """Fixtures for integration tests (everything under ``integration/``).
 
 The fixtures and hooks live in :mod:`integration.harness.plugin` so that they can also be
-loaded as a plugin (``-p integration.harness.plugin``); see ``docs/testing.md``.
+loaded as a plugin (``-p integration.harness.plugin``); see ``docs/contributing/testing.md``.
 """
 
 from integration.harness.plugin import (  # noqa: F401 - re-exported as conftest fixtures/hooks

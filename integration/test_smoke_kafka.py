@@ -110,7 +110,7 @@ def test_committed_record_survives_kill_and_restart(
     _transaction(producer, kafka_topic, ["durable"], commit=True)
     # commit_transaction() returns once the commit is decided; the COMMIT markers reach the
     # partition asynchronously. Wait until they did, so the kill hits a fully settled state
-    # (see docs/testing.md: a kill in between can leave the partition's LSO stuck).
+    # (see docs/contributing/testing.md: a kill in between can leave the partition's LSO stuck).
     assert _consume_until(kafka_server, kafka_topic, "read_committed", "durable") == ["durable"]
     producer.flush(DEADLINE)
 

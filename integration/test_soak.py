@@ -2,7 +2,7 @@
 public commands only, a steady producer, and one kill of every kind at random moments (the
 whole driver, the supervisor then a resume from a new process, a Python worker, an executor
 JVM, Kafka or PostgreSQL). Independent readers must count 0 lost, 0 duplicated and nothing
-left prepared or open. The long run (50 kills) is reported in docs/guarantees.md."""
+left prepared or open. The long run (50 kills) is reported in docs/evidence/soak.md."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def check_spark_setting(key: str, value: str) -> None:
     )
 
 
-CONNECT_DOC = "docs/spark-connect.md"
+CONNECT_DOC = "docs/how-to/spark-connect.md"
 """Where running epochal's formats from a Spark Connect client is explained."""
 SPARK_CONNECT_ADVICE = (
     "Give a Spark master (local[2], spark://host:7077, yarn, k8s://...), or run the query from "
@@ -147,7 +147,8 @@ class JobConfig:
             ``max_restart_backoff``.
         split_brain_protection: restart only with a quorum (``original/2 + 1``) of the executors
             the job first ran with.
-        snapshot_dir: where snapshots and job records live (a path or a pyarrow filesystem URI).
+        snapshot_dir: where snapshots and job records live (a path, or a URI of a scheme listed in
+            docs/how-to/deployment.md, "Where snapshots live").
         master: the Spark master (``local[2]``, ``local-cluster[2,1,1024]``, a cluster URL).
         spark_conf: extra Spark settings. A secret value (a setting named like Spark's
             ``spark.redaction.regex``, ``secret|password|token|access.key``, or a value with a

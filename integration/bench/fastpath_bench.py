@@ -10,12 +10,13 @@ number), read by Spark's Kafka source (``format("kafka")``, ``read_committed``,
 ``maxOffsetsPerTrigger`` = ``batch``), and five ways to write it:
 
 * Kafka → Kafka
-    * ``fast path → epochal Kafka (EO)``: epochal's Kafka sink, ``mode=transactional``, in an
-      exactly-once job;
+    * ``fast path → epochal Kafka, unrouted (transactional sink)``: epochal's Kafka sink,
+      ``mode=transactional``, the rows not routed by key: not exactly-once across a driver
+      crash mid-batch (an epochal job refuses it), measured in a plain session;
     * ``fast path, keyed → epochal Kafka (EO)``: the same after ``repartition("key")``, the
       form that stays exactly-once across a driver crash in the middle of a batch
-      (docs/guarantees.md: Spark's Kafka source does not give a replayed batch's records to
-      the same Spark partitions);
+      (docs/explanation/guarantees.md: Spark's Kafka source does not give a replayed
+      batch's records to the same Spark partitions);
     * ``Spark Kafka → Spark Kafka (ALO)``: Spark's own Kafka sink (at-least-once);
 * Kafka → PostgreSQL (columns ``id``, ``value``)
     * ``fast path → epochal JDBC 2PC (EO)``: epochal's JDBC sink, ``mode=transactional``, in an
@@ -85,7 +86,7 @@ from integration.bench.kafka_bench import (
     spark_kafka_jars,
 )
 
-EO_KAFKA = "fast path → epochal Kafka (EO)"
+EO_KAFKA = "fast path → epochal Kafka, unrouted (transactional sink)"
 EO_KAFKA_KEYED = "fast path, keyed → epochal Kafka (EO)"
 SPARK_KAFKA = "Spark Kafka → Spark Kafka (ALO)"
 EO_JDBC = "fast path → epochal JDBC 2PC (EO)"

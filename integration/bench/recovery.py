@@ -25,7 +25,7 @@ runs each size twice, the second time with the state store's files copied as Spa
 itself (``EPOCHAL_STATE_LINKS=off``, see :mod:`epochal.startup.statefiles`): the same kills,
 side by side. It prints a table and writes a
 PNG plot of recovery time against state size (matplotlib, ``pip install matplotlib``);
-docs/performance/recovery.md shows both.
+docs/evidence/performance/recovery.md shows both.
 
 The kills above come once the standby has finished warming up, on a quiet machine, with
 small batches: the best case. Two options measure what a user meets, in rows of their own
@@ -841,7 +841,9 @@ def main(argv: list[str] | None = None) -> int:
         "--per-batch", type=int, default=5000, help="read limit (default: %(default)s)"
     )
     parser.add_argument(
-        "--plot", default="docs/performance/recovery.png", help="PNG path (default: %(default)s)"
+        "--plot",
+        default="docs/evidence/performance/recovery.png",
+        help="PNG path (default: %(default)s)",
     )
     parser.add_argument(
         "--floor",

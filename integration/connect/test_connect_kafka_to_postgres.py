@@ -5,7 +5,7 @@ anything: ``format("epochal.kafka")`` and ``format("epochal.jdbc")`` resolve on 
 whose Python finds the installed ``pyspark_epochal_*`` packages (Spark-native discovery).
 The query carries its job through options (``epochal.job``, ``epochal.snapshotDir``), as a
 query started without ``epochal run`` does; no supervisor is involved (see
-docs/spark-connect.md).
+docs/how-to/spark-connect.md).
 
 The crash: a driver crash point right after the commit decision of batch 1 kills the whole
 Spark Connect server (the server is the driver) with SIGKILL, with the batch's transactions

@@ -2,7 +2,7 @@
 
 ``start_kafka``/``start_postgres``/``start_jms`` return handles with connection info and
 fault controls; :mod:`integration.harness.plugin` wraps them in pytest fixtures. See
-``docs/testing.md``.
+``docs/contributing/testing.md``.
 """
 
 from ._process import HarnessError, PrerequisiteError, ServerStartError, cleanup_all, wait_until

@@ -1,7 +1,7 @@
 """Bad input the PostgreSQL connector meets in the data, not in its options: a key column
 that may hold NULL under an idempotent sink, a NULL in a source's offset column. Each is
 refused with a clear error instead of costing data (rows of the bad-input table in
-docs/guarantees.md)."""
+docs/explanation/guarantees.md)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Every source and sink gets a :class:`ConnectorContext` (``self.context``: job, p
 query id, batch, partition, attempt, metrics); a sink's tasks get one too, with the ids
 derived from it (:class:`TransactionId`, :class:`WriterId`).
 
-``__all__`` is what a connector author imports (the public API: docs/api/index.rst,
+``__all__`` is what a connector author imports (the public API: docs/authors/api/index.rst,
 "Stability"). The
 runtime's own names (the errors only it raises, the base classes ``Source`` and ``Sink``,
 ``Field``, ``Metrics``) stay in their modules: ``epochal_sdk.errors``, ``epochal_sdk.sources``,

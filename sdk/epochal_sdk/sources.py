@@ -365,7 +365,7 @@ class AcknowledgingSource(Source):
     Tasks never build the source. After a crash a new process opens a new object: every
     message received but not acknowledged before must come back from the system (a broker
     redelivers it to the new session by itself; a pull-based log must read its own pending
-    entries again and claim those of consumers that are gone; see docs/guides).
+    entries again and claim those of consumers that are gone; see docs/authors/guides).
 
     At-least-once, the runtime keeps batches in memory instead of the snapshot and
     acknowledges once Spark committed them; nothing is dropped as a redelivery.

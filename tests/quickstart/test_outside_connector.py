@@ -2,12 +2,12 @@
 in one fresh virtual environment that gets the packages from a clean clone (the pages' "from a
 clone" line).
 
-docs/testing-your-connector.md: the page's files are written out as they stand, and its
+docs/authors/testing-your-connector.md: the page's files are written out as they stand, and its
 commands run: ``epochal connectors`` lists the new connector, ``--collect-only`` lists the
 cases the page lists, and the case the page picks with ``-k`` passes with the ``-v`` summary
 the page shows (its faults fired, nothing lost or duplicated).
 
-docs/guides/: the guides' files (one connector per contract, and their kit suites) make the
+docs/authors/guides/: the guides' files (one connector per contract, and their kit suites) make the
 package ``epochal-examples``; the guides' "Run it" commands install it in the same
 environment, list its five connectors and the formats Spark's lookup finds (``epochal.lines``
 from its ``pyspark_epochal_lines`` package), and run
@@ -58,7 +58,7 @@ _clean_path = _helpers._clean_path
 
 pytestmark = [pytest.mark.quickstart, pytest.mark.spark, pytest.mark.timeout(900)]
 
-PAGE = ROOT / "docs" / "testing-your-connector.md"
+PAGE = ROOT / "docs" / "authors" / "testing-your-connector.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -163,7 +163,7 @@ def test_the_page_for_outside_connector_authors_works_as_written(
     assert summary and int(summary.group(1)) > 0, ran[-3000:]
 
 
-GUIDES = ROOT / "docs" / "guides"
+GUIDES = ROOT / "docs" / "authors" / "guides"
 GUIDE_CONNECTORS = ("lines", "brokerqueue", "logstream", "jsonfiles", "upsert")
 #: the suite the guides' command crash-tests, per contract
 GUIDE_SUITES = ("TestLinesSource", "TestLogStreamSource", "TestJsonFilesSink", "TestUpsertSink")
@@ -174,7 +174,7 @@ def guide_files() -> dict[str, str]:
     files: dict[str, str] = {}
     for page in sorted(GUIDES.glob("*.md")):
         for name, body in page_files(page.read_text()).items():
-            assert name not in files, f"{name} is shown twice in docs/guides"
+            assert name not in files, f"{name} is shown twice in docs/authors/guides"
             files[name] = body
     return files
 
@@ -190,7 +190,7 @@ def test_the_guides_package_installs_and_passes_one_kit_case_per_contract(
     commands = page_commands(index)
     assert commands[0] == "python3 -m venv .venv", commands
     assert commands[1].startswith(".venv/bin/python -m pip install epochal epochal-map"), commands
-    the_clone_line((ROOT / "docs" / "testing-your-connector.md").read_text())
+    the_clone_line((ROOT / "docs" / "authors" / "testing-your-connector.md").read_text())
     outputs = run_commands(commands[2:], package, env, tmp_path)
 
     listing = outputs[".venv/bin/python -m epochal connectors"]

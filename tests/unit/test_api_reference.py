@@ -1,9 +1,10 @@
-"""The SDK's API reference (``docs/api``, Sphinx autodoc + napoleon) is the whole API: it
+"""The SDK's API reference (``docs/authors/api``, Sphinx autodoc + napoleon) is the whole API: it
 builds without a warning (``nitpicky``: a broken cross-reference is one), every name of
 ``epochal_sdk.__all__`` and every public method and attribute of its classes has a docstring,
 and every argument of a public method or function is named in its docstring.
 
-Build it by hand: ``python -m sphinx -W --keep-going -b html docs/api docs/api/_build``.
+Build it by hand:
+``python -m sphinx -W --keep-going -b html docs/authors/api docs/authors/api/_build``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import epochal_sdk
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT / "docs" / "api"
+REFERENCE = ROOT / "docs" / "authors" / "api"
 SDK_MODULES = tuple(
     f"epochal_sdk.{path.stem}"
     for path in sorted((ROOT / "sdk" / "epochal_sdk").glob("*.py"))

@@ -1,8 +1,8 @@
 """Bad input gets a clear error that names the input and what to do, before anything is
 written; nothing a user can mistype costs data. One test per row of the bad-input table in
-docs/guarantees.md ("Bad input"); :func:`test_the_bad_input_table_names_tests_that_exist`
-keeps the table and the tests in step (the JDBC rows are integration tests:
-integration/jdbc/test_jdbc_bad_input.py).
+docs/evidence/bad-input.md;
+:func:`test_the_bad_input_table_names_tests_that_exist` keeps the table and the tests in step
+(the JDBC rows are integration tests: integration/jdbc/test_jdbc_bad_input.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from epochal.state.lease import swaps
 from epochal_sdk import ConfigError, Options
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLE_HEADING = "## Bad input"
+PAGE = "docs/evidence/bad-input.md"
+TABLE_HEADING = "# Bad input"
 
 
 def _epochal(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -435,8 +436,8 @@ def test_a_new_target_under_the_same_part_id_is_refused_a_rotated_password_passe
 
 # -- the table ----------------------------------------------------------------------------------
 def _table_rows() -> list[str]:
-    text = (ROOT / "docs" / "guarantees.md").read_text()
-    assert TABLE_HEADING in text, f"docs/guarantees.md has no {TABLE_HEADING!r} section"
+    text = (ROOT / PAGE).read_text()
+    assert TABLE_HEADING in text, f"{PAGE} has no {TABLE_HEADING!r} section"
     section = text.split(TABLE_HEADING, 1)[1].split("\n## ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][
         1:
@@ -452,10 +453,10 @@ def test_the_bad_input_table_names_tests_that_exist() -> None:
         assert found, f"a row of the bad-input table names no test: {row}"
         for path, name in found:
             source = ROOT / path
-            assert source.exists(), f"{path} (named in docs/guarantees.md) does not exist"
+            assert source.exists(), f"{path} (named in {PAGE}) does not exist"
             assert re.search(rf"^def {name}\(", source.read_text(), re.M), f"{path}::{name}"
             named.add((path, name))
     for path in ("tests/unit/test_bad_input.py", "integration/jdbc/test_jdbc_bad_input.py"):
         for name in re.findall(r"^def (test_\w+)\(", (ROOT / path).read_text(), re.M):
             if name != "test_the_bad_input_table_names_tests_that_exist":
-                assert (path, name) in named, f"docs/guarantees.md's bad-input table lacks {name}"
+                assert (path, name) in named, f"{PAGE}'s bad-input table lacks {name}"

@@ -147,7 +147,7 @@ def test_run_refuses_spark_connect_and_says_what_to_do(tmp_path: Path) -> None:
     )  # fmt: skip
     assert remote.returncode == 2
     assert remote.stderr.startswith("epochal run (job 'orders'): --master 'sc://localhost:15002'")
-    assert "docs/spark-connect.md" in remote.stderr and "local[2]" in remote.stderr
+    assert "docs/how-to/spark-connect.md" in remote.stderr and "local[2]" in remote.stderr
     env = _python_m_epochal(
         "run", "m:f", "--name", "orders", "--snapshot-dir", snapshots,
         SPARK_REMOTE="sc://localhost:15002",

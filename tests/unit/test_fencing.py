@@ -209,9 +209,9 @@ def test_a_fenced_run_is_restartable_never_fatal() -> None:
 
 
 def test_the_failure_table_in_the_docs_names_every_kind() -> None:
-    docs = (ROOT / "docs" / "guarantees.md").read_text()
+    docs = (ROOT / "docs" / "explanation" / "guarantees.md").read_text()
     for kind in KINDS:
-        assert kind.name in docs, f"docs/guarantees.md lacks the failure {kind.name!r}"
+        assert kind.name in docs, f"docs/explanation/guarantees.md lacks the failure {kind.name!r}"
 
 
 def _alive(pid: int) -> bool:

@@ -1,4 +1,4 @@
-"""The connectors of docs/guides, as the pages show them, driven in-process through the
+"""The connectors of docs/authors/guides, as the pages show them, driven in-process through the
 runtime's own protocols (no Spark): the code blocks marked ``# file: <path>`` are written
 out as a package and imported, so the guides cannot drift from what is tested here.
 
@@ -50,7 +50,7 @@ from epochal_sdk import (
 from epochal_sdk.ids import transaction_prefix
 from epochal_sdk.schema import Field
 
-GUIDES = Path(__file__).resolve().parents[2] / "docs" / "guides"
+GUIDES = Path(__file__).resolve().parents[2] / "docs" / "authors" / "guides"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ROWS = pa.schema([("id", pa.int64()), ("text", pa.string())])
 KV = (Field("key", "string"), Field("value", "string"))
@@ -66,7 +66,7 @@ def guide_files() -> dict[str, str]:
             first = body.partition("\n")[0]
             if first.startswith("# file: "):
                 name = first.removeprefix("# file: ").strip()
-                assert name not in files, f"{name} is shown twice in docs/guides"
+                assert name not in files, f"{name} is shown twice in docs/authors/guides"
                 files[name] = body
     return files
 

@@ -108,3 +108,19 @@ def test_the_cli_runs_it(
         cli.main(["in-doubt", "list", JOB, "--snapshot-dir", str(snapshots)])
     assert done.value.code == 0
     assert decided.transaction_id in capsys.readouterr().out
+
+
+def test_an_option_given_as_a_reference_is_resolved_so_no_secret_is_on_the_command_line(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snapshots, target, decided, _, _ = staged
+    JobDirectory(str(snapshots), JOB).store.delete(f"parts/sink-{SINK_ID}")
+    monkeypatch.setenv("EPOCHAL_TEST_TARGET", str(target))
+    found = [
+        "list", JOB, "--snapshot-dir", str(snapshots), "--connector", "map",
+        "-o", "path=${env:EPOCHAL_TEST_TARGET}", "-o", "map=out", "-o", "mode=transactional",
+    ]  # fmt: skip
+    assert main(found) == 0
+    assert decided.transaction_id in capsys.readouterr().out

@@ -124,7 +124,7 @@ def test_every_package_of_the_runtime_has_its_place_in_the_order() -> None:
 
 
 def test_the_architecture_document_states_the_same_order() -> None:
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
     start = text.index("`base` <")
     stated = text[start : text.index("\n\n", start)].replace("\n", " ")
     assert [name.strip().strip("`") for name in stated.split("<")] == LAYERS

@@ -221,3 +221,17 @@ def test_the_standby_s_readiness_and_the_effective_guarantee_are_exported(
         record.supervisor = {"standby_pid": 4242, "standby_ready": True}
     families = parse_exposition(exposition.render_prometheus(jobdir))
     assert value(families, "epochal_standby_ready", job=JOB) == 1
+
+
+def test_status_of_a_stopped_job_shows_a_released_lease_and_no_standby(
+    jobdir: JobDirectory,
+) -> None:
+    status = job_status(jobdir)
+    status["phase"] = "suspended"
+    status["lease"] = {"epoch": 2, "pid": 484, "host": "vm", "renewed_ago_s": None, "ttl_s": 20}
+    status["standby"] = {"pid": 9, "ready": False, "up_s": 94.9, "warmup_s": None}
+    text = render(status)
+    assert "lease epoch 2, owner pid 484 on vm, released (ttl 20s, not live)" in text
+    assert "standby" not in text
+    status["phase"] = "running"
+    assert "standby driver pid 9 warming up for 94.9s" in render(status)

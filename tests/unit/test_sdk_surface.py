@@ -19,7 +19,7 @@ _IMPORT = re.compile(r"from epochal_sdk import \(([^)]*)\)|from epochal_sdk impo
 
 def _imported_by_authors() -> set[str]:
     """The names imported ``from epochal_sdk`` by the connectors, the guides and
-    docs/connectors.md, and the test plugins."""
+    docs/authors/connectors.md, and the test plugins."""
     found: set[str] = set()
     code = [
         *(ROOT / "connectors").glob("*/*/**/*.py"),
@@ -30,7 +30,8 @@ def _imported_by_authors() -> set[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "epochal_sdk":
                 found |= {alias.name for alias in node.names}
-    for page in [*(ROOT / "docs" / "guides").glob("*.md"), ROOT / "docs" / "connectors.md"]:
+    authors = ROOT / "docs" / "authors"
+    for page in [*(authors / "guides").glob("*.md"), authors / "connectors.md"]:
         for match in _IMPORT.finditer(page.read_text()):
             names = (match.group(1) or match.group(2)).replace("\n", " ").split(",")
             found |= {n.split()[0] for n in names if n.strip()}

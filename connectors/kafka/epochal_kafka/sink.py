@@ -22,7 +22,7 @@ record, and replaced; any fencing, time-out or error drops a producer. The marke
 a consumer the worker keeps per id (:class:`~epochal_kafka.marker.MarkerReaders`), never by
 one made for the task. The look that decides always follows the ``init_transactions()`` of
 the producer that will commit, and a producer remembers its own last commit: that keeps a
-replay from writing twice (the argument is in ``docs/connectors/kafka.md``).
+replay from writing twice (the argument is in ``docs/reference/connectors/kafka.md``).
 
 Recovery at query start (``in_doubt``) fences every ``transactional.id`` the sink ever used,
 so no transaction lingers and ``read_committed`` readers never wait for a timeout. Atomicity

@@ -1,7 +1,7 @@
 """The per-task transaction session of the exactly-once sink (:class:`KafkaTransaction`):
 look at the batch marker, take a kept producer or make a new one, open the Kafka transaction
 with the marker, produce, commit; and the errors of transaction calls. The protocol as a
-whole is described in :mod:`epochal_kafka.sink` and ``docs/connectors/kafka.md``."""
+whole is described in :mod:`epochal_kafka.sink` and ``docs/reference/connectors/kafka.md``."""
 
 from __future__ import annotations
 

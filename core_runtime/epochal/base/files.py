@@ -1,6 +1,6 @@
 """Files epochal writes are its owner's only: directories 0700, files 0600, whatever the
 process's umask (a job's records, lease, snapshot store, logs and metrics name its sources,
-sinks and data; see docs/deployment.md for who may write the snapshot directory)."""
+sinks and data; see docs/how-to/deployment.md for who may write the snapshot directory)."""
 
 from __future__ import annotations
 

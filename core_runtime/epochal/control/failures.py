@@ -4,7 +4,7 @@ Failures reach the driver as text: a Python error crosses Spark's JVM as its tra
 wrapped in the JVM's exceptions. :data:`KINDS` names each failure a deployment meets, the
 text that identifies it, whether it restarts the job, whether the driver can restart the
 query in place (same JVM and SparkSession) or needs a new driver process, and the test that
-kills that process to prove it. docs/guarantees.md shows the same table.
+kills that process to prove it. docs/explanation/guarantees.md shows the same table.
 """
 
 from __future__ import annotations

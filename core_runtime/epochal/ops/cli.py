@@ -128,7 +128,8 @@ def parser() -> argparse.ArgumentParser:
         "--snapshot-dir",
         default=DEFAULT_SNAPSHOT_DIR,
         help="where jobs keep their snapshots, Spark checkpoint, record and logs: a directory "
-        "or a pyarrow filesystem URI (default: %(default)s; $EPOCHAL_SNAPSHOT_DIR sets it)",
+        "or a URI of a scheme listed in docs/how-to/deployment.md, 'Where snapshots live' "
+        "(default: %(default)s; $EPOCHAL_SNAPSHOT_DIR sets it)",
     )
     p.add_argument(
         "--master",

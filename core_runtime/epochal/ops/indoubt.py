@@ -129,10 +129,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _build(connector: str, sink_id: str, job: str, options: dict[str, str]) -> TransactionalSink:
+    from epochal.base import secrets
     from epochal.parts import registry
 
     context = ConnectorContext(job=job, part_id=sink_id)
-    sink = registry.connector(connector).sink(Options(connector, options, context))
+    # ${env:NAME}/${file:PATH} references (recorded, or given with -o) are resolved here, as
+    # where the job runs: a password never has to be on this command's line
+    values = secrets.resolved(options)
+    sink = registry.connector(connector).sink(Options(connector, values, context))
     if not isinstance(sink, TransactionalSink):
         raise InDoubtError(
             f"sink {sink_id} ({connector}) is not a transactional sink: it leaves nothing in doubt"

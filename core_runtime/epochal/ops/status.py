@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from epochal.ops.recovery import recoveries
-from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 
 ORPHANED = "ORPHANED"
 
@@ -110,6 +110,11 @@ def _run(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _renewed(ago: Any) -> str:
+    """When the lease was last renewed, or that its holder released it."""
+    return "released" if ago is None else f"renewed {ago}s ago"
+
+
 def render(status: dict[str, Any]) -> str:
     """The status as text for a terminal."""
     lines = [f"job {status['name']}: {status['status']}  ({status['guarantee']})"]
@@ -118,7 +123,10 @@ def render(status: dict[str, Any]) -> str:
     lease = status.get("lease") or {}
     supervisor = status.get("supervisor") or {}
     driver = status.get("driver") or {}
-    standby = status.get("standby")
+    # a standby belongs to a live supervisor: a suspended or finished job's record may still
+    # name the last one
+    live = status.get("phase", "").upper() in {s.value for s in JobStatus if s.live}
+    standby = status.get("standby") if live else None
     lines.append(
         f"  supervisor pid {supervisor.get('pid', '-')} on {supervisor.get('host', '-')}"
         + (
@@ -135,7 +143,7 @@ def render(status: dict[str, Any]) -> str:
     )
     lines.append(
         f"  lease epoch {lease.get('epoch', '-')}, owner pid {lease.get('pid', '-')} on "
-        f"{lease.get('host', '-')}, renewed {lease.get('renewed_ago_s', '-')}s ago "
+        f"{lease.get('host', '-')}, {_renewed(lease.get('renewed_ago_s', '-'))} "
         f"(ttl {lease.get('ttl_s', '-')}s, {'live' if lease.get('live') else 'not live'})"
     )
     lines.append(

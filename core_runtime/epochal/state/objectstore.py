@@ -33,7 +33,7 @@ endpoint, addressing style, the path of a credentials file, a profile's name) to
 executors, which write key digests into the store (:func:`spark_conf`). Credentials never go
 into Spark's settings: executors on the driver's machine inherit its environment, and on a
 cluster each executor finds its own through the same default chain (an instance role, IRSA,
-a credentials file at ``AWS_SHARED_CREDENTIALS_FILE`` on every node): see docs/cluster.md.
+a credentials file at ``AWS_SHARED_CREDENTIALS_FILE`` on every node): see docs/how-to/cluster.md.
 
 boto3 is an optional dependency: ``pip install 'epochal[s3]'``.
 """
