@@ -13,7 +13,7 @@ SMOKE_HELP = (
     "run at the smallest size (one round, small batches, no warm-up): checks that the command "
     "works and prints its figures; the figures measure nothing"
 )
-"""The help of every benchmark's ``--smoke`` flag (what ``integration/bench/test_bench_smoke.py``
+"""The help of every benchmark's ``--smoke`` flag (what ``integration/test_benchmarks.py``
 runs)."""
 
 
