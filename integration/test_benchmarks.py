@@ -98,21 +98,24 @@ def test_kafka_jdbc_bench(
 ) -> None:
     env = {**kafka_env(kafka_server), "EPOCHAL_POSTGRES_DSN": postgres_db.dsn}
     output = run_bench("kafka_jdbc_bench", tmp_path, env)
-    assert SPREAD.search(output), output
-    assert "2PC (exactly-once)" in output
+    ratios(
+        output,
+        "2PC (exactly-once) / plain (at-least-once)",
+        "upsert (exactly-once, idempotent) / plain (at-least-once)",
+    )
 
 
 def test_jdbc_bench(postgres_db: PostgresDatabase, tmp_path: Path) -> None:
     output = run_bench("jdbc_bench", tmp_path, {"EPOCHAL_POSTGRES_DSN": postgres_db.dsn})
-    assert SPREAD.search(output), output
-    assert "2PC (exactly-once)" in output and "bare COPY" in output
+    assert "2PC (exactly-once)" in output and "bare psycopg COPY" in output
+    ratios(output, "2PC / plain", "plain / bare")
 
 
 @pytest.mark.timeout(900)
 def test_jms_bench(jms_server: JmsServer, tmp_path: Path) -> None:
     output = run_bench("jms_bench", tmp_path, {"EPOCHAL_STOMP_URL": jms_server.url})
-    assert SPREAD.search(output), output
     assert "epochal source exactly-once" in output and "epochal sink exactly-once" in output
+    ratios(output, "source exactly-once / at-least-once", "sink exactly-once / at-least-once")
 
 
 @pytest.mark.timeout(900)
