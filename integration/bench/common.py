@@ -9,6 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SMOKE_HELP = (
+    "run at the smallest size (one round, small batches, no warm-up): checks that the command "
+    "works and prints its figures; the figures measure nothing"
+)
+"""The help of every benchmark's ``--smoke`` flag (what ``integration/test_benchmarks.py``
+runs)."""
+
 
 @dataclass
 class Result:

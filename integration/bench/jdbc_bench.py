@@ -1,7 +1,10 @@
 """PostgreSQL sink benchmark: the same batches written five ways, in interleaved rounds.
 
     python -m integration.bench.jdbc_bench [--rounds 5] [--rows 50000] [--batches 12]
-        [--small-batches 200] [--plot jdbc-bench.png]
+        [--small-batches 200] [--plot jdbc-bench.png] [--smoke]
+
+``--smoke``: one round of three 2 000-row big batches and five small batches per way, no
+warm-up (a check that the command works, not a measurement).
 
 * ``2PC (exactly-once)``: ``mode=transactional`` as the runtime drives it: the task opens a
   transaction, COPYs, writes its commit marker and ``PREPARE TRANSACTION``; the driver records
@@ -63,7 +66,7 @@ from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.store import SnapshotStore
 from epochal_sdk import ConnectorContext, Options, Prepared
 from epochal_sdk.schema import Field
-from integration.bench.common import machine, quantile, rotated, spread, write_plot
+from integration.bench.common import SMOKE_HELP, machine, quantile, rotated, spread, write_plot
 
 SCHEMA = (
     Field("id", "bigint"),
@@ -382,7 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         "--small-batches", type=int, default=200, help="1000-row batches per way and round"
     )
     parser.add_argument("--plot", default="jdbc-bench.png", help="PNG to write")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.rows, args.batches, args.small_batches = 1, 2_000, 3, 5
     if args.rounds < 1 or args.rows < 1 or args.batches < 1 or args.small_batches < 1:
         parser.error("--rounds, --rows, --batches and --small-batches must be at least 1")
 
@@ -404,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
         print(f"machine: {machine()}")
         print(f"server: PostgreSQL {version} (fsync={fsync}, synchronous_commit={sync})")
-        warm = [make_batch(i * SMALL_ROWS, SMALL_ROWS) for i in range(3)]
-        run_round(dsn, workdir, f"bench_{run}_warm", warm, 0)
+        if not args.smoke:
+            warm = [make_batch(i * SMALL_ROWS, SMALL_ROWS) for i in range(3)]
+            run_round(dsn, workdir, f"bench_{run}_warm", warm, 0)
         phases = []
         for key, rows, count in (
             ("big", args.rows, args.batches),

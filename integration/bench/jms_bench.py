@@ -2,7 +2,10 @@
 and at-least-once, against a bare stomp.py loop on the same broker in the same run.
 
     python -m integration.bench.jms_bench [--rounds 8] [--records 30000] [--batch 5000]
-                                          [--body 100] [--plot jms-bench.png]
+                                          [--body 100] [--plot jms-bench.png] [--smoke]
+
+``--smoke``: one round of 2 000 messages, 500 per batch, no warm-up (a check that the command
+works, not a measurement).
 
 Source: a queue filled with ``records`` persistent messages of ``body`` bytes is read by
 * ``stomp.py consume/ack loop``: one subscription, ``ack:client-individual``, an ACK per
@@ -40,6 +43,7 @@ from epochal_jms.client import BrokerConfig, StompClient
 from epochal_jms.testing import MARKER_HEADER, send, url_of
 
 from integration.bench.common import (
+    SMOKE_HELP,
     Result,
     bench_session,
     epochal_options,
@@ -340,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=5_000, help="messages per batch")
     parser.add_argument("--body", type=int, default=100, help="body bytes")
     parser.add_argument("--plot", default="jms-bench.png", help="PNG to write")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.records, args.batch = 1, 2_000, 500
     if min(args.rounds, args.records, args.batch, args.body) < 1:
         parser.error("--rounds, --records, --batch and --body must be at least 1")
     if args.records < 2 * args.batch:
@@ -364,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.map_path = f"{workdir}/input.sqlite"
         with MapStore(bench.map_path) as store:
             store.append_events("input", [(str(i), "x" * args.body) for i in range(args.records)])
-        run_round(bench, -1, partial(log_run, "warm-up"))
+        if not args.smoke:
+            run_round(bench, -1, partial(log_run, "warm-up"))
         rounds = Rounds()
         for number in range(args.rounds):
             log = partial(log_run, f"round {number + 1}/{args.rounds}")

@@ -2,7 +2,10 @@
 measured in interleaved rounds.
 
     python -m integration.bench.kafka_bench [--rounds 16] [--batches 10] [--batch 100000]
-        [--plot kafka-bench.png] [--json results.json] [--no-builtin]
+        [--plot kafka-bench.png] [--json results.json] [--no-builtin] [--smoke]
+
+``--smoke``: one round of three 2 000-record batches per variant, no warm-up (a check that the
+command works, not a measurement).
 
 * ``epochal exactly-once``: ``epochal.kafka`` source + sink, ``mode=transactional``;
 * ``epochal at-least-once``: the same with ``mode=idempotent`` and an at-least-once job;
@@ -58,6 +61,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from epochal_kafka.source import FETCH_QUEUE_BACKOFF_MS
 
 from integration.bench.common import (
+    SMOKE_HELP,
     MeasuredBatches,
     Result,
     bench_session,
@@ -558,7 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-builtin", action="store_true", help="skip Spark's connector")
     parser.add_argument("--plot", default="kafka-bench.png", help="PNG to write")
     parser.add_argument("--json", default="", help="write every run's figures here")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.batches, args.batch = 1, 3, 2_000
     if args.batches < 3:
         parser.error("--batches must be at least 3 (a query's first and last are not measured)")
 
@@ -587,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
         bench.start_spark()
-        bench.warm_up()
+        if not args.smoke:
+            bench.warm_up()
         runs = bench.rounds(args.rounds, lambda line: print(line, flush=True))
         summary = summarize(runs, records)
         print(f"load at the end: {machine()}")

@@ -2,7 +2,10 @@
 on the whole path, measured in interleaved rounds.
 
     python -m integration.bench.kafka_jdbc_bench [--rounds 10] [--batches 8] [--batch 50000]
-        [--plot kafka-jdbc-bench.png]
+        [--plot kafka-jdbc-bench.png] [--smoke]
+
+``--smoke``: one round of three 2 000-record batches per way, no warm-up (a check that the
+command works, not a measurement).
 
 One input topic (2 partitions, ``batches`` times ``batch`` records of 100 B, key = the record
 number), one pipeline (``epochal.kafka`` → Spark → ``epochal.jdbc``, columns ``id``, ``value``)
@@ -39,6 +42,7 @@ from collections.abc import Callable
 import psycopg
 
 from integration.bench.common import (
+    SMOKE_HELP,
     bench_session,
     epochal_options,
     machine,
@@ -167,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=8, help="batches per query and round")
     parser.add_argument("--batch", type=int, default=50_000, help="records per batch")
     parser.add_argument("--plot", default="kafka-jdbc-bench.png", help="PNG to write")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.batches, args.batch = 1, 3, 2_000
     if args.batches < 3:
         parser.error("--batches must be at least 3 (a query's first and last are not measured)")
     if args.rounds < 1 or args.batch < 1:
@@ -199,10 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
         bench = KafkaToPostgres(kafka, dsn)
-        small = kafka.new_topic()
-        produce_input(kafka.bootstrap, small, 6_000)
-        for way in WAYS:  # warm-up, not measured
-            bench.run(way, "warm", small, 6_000, 2_000)
+        if not args.smoke:
+            small = kafka.new_topic()
+            produce_input(kafka.bootstrap, small, 6_000)
+            for way in WAYS:  # warm-up, not measured
+                bench.run(way, "warm", small, 6_000, 2_000)
         runs = bench.rounds(
             args.rounds, source, records, args.batch, lambda line: print(line, flush=True)
         )

@@ -2,6 +2,10 @@
 the size of its keyed state.
 
     python -m integration.bench.recovery [--sizes 1,100,1000] [--repeats 3] [--plot PATH]
+        [--smoke]
+
+``--smoke``: one in-place kill of a job with 1 MB of state in 1 000 keys and one run of the
+peer (a check that the command works, not a measurement).
 
 A job keeps a running count per key in Spark state (RocksDB state store), each key's state
 padded with incompressible characters to give the state size wanted (about 1 MB, 100 MB,
@@ -64,6 +68,7 @@ from typing import Any
 from epochal.base import processes
 from epochal.driver.guards import SOURCE_RUNNER_MODULE
 from epochal.startup import statefiles
+from integration.bench.common import SMOKE_HELP
 
 SPEC_ENV = "EPOCHAL_RECOVERY_SPEC"
 KINDS = ("cold", "standby", "in-place")
@@ -859,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         "size both ways, side by side (default: %(default)s)",
     )
     parser.add_argument("--json", help="write the samples as JSON here")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument(
         "--spark-conf",
         action="append",
@@ -867,6 +873,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a Spark setting for the job, e.g. spark.eventLog.enabled=true (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.keys, args.repeats, args.kinds, args.floor = "1", 1_000, 1, ["in-place"], 1
     if any("=" not in setting for setting in args.spark_conf):
         parser.error("--spark-conf takes KEY=VALUE, e.g. spark.eventLog.enabled=true")
     if args.kill_after is not None and args.kill_after < 0:

@@ -5,6 +5,9 @@ at-least-once writer."""
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
+from operator import length_hint
 from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
@@ -108,37 +111,47 @@ class RecordProducing:
                 except BufferError:  # local queue full: serve delivery reports, then retry
                     producer.poll(0.05)
                 except (KafkaException, TypeError) as exc:
-                    raise PoisonRecordError(
-                        f"kafka sink: row {self.rows + i} of this task (topic {topic!r}) cannot "
-                        f"be produced: {exc}. Fix or filter the record (size limits: "
-                        "message.max.bytes / max.request.size)."
-                    ) from None
+                    raise self._poison(i, topic, exc) from None
         self.rows += count
         producer.poll(0)
 
     def _produce_plain(
         self, producer: Producer, topic: Any, values: list[Any], keys: list[Any] | None
     ) -> None:
-        """Key and value only, to one topic."""
+        """Key and value only, to one topic, in the columns' order. The ``produce`` calls run
+        in one C-level loop over the columns' values (``map``), with no Python code per
+        record; a record refused for a full local queue is produced again once delivery
+        reports made room, and the loop goes on from the next one."""
         produce = producer.produce
-        pairs = zip(values, keys if keys is not None else [None] * len(values), strict=True)
-        for index, (value, key) in enumerate(pairs):
+        values_left = iter(values)
+        keys_left = iter(keys) if keys is not None else repeat(None)
+        while True:
             try:
-                produce(topic, value, key)
-            except BufferError:  # local queue full: serve delivery reports, then retry
+                deque(map(produce, repeat(topic), values_left, keys_left), maxlen=0)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry it
+                index = len(values) - length_hint(values_left) - 1
+                key = keys[index] if keys is not None else None
                 while True:
                     producer.poll(0.05)
                     try:
-                        produce(topic, value, key)
+                        produce(topic, values[index], key)
                         break
                     except BufferError:
                         continue
+                    except (KafkaException, TypeError) as exc:
+                        raise self._poison(index, topic, exc) from None
             except (KafkaException, TypeError) as exc:
-                raise PoisonRecordError(
-                    f"kafka sink: row {self.rows + index} of this task (topic {topic!r}) "
-                    f"cannot be produced: {exc}. Fix or filter the record (size limits: "
-                    "message.max.bytes / max.request.size)."
-                ) from None
+                index = len(values) - length_hint(values_left) - 1
+                raise self._poison(index, topic, exc) from None
+
+    def _poison(self, index: int, topic: Any, exc: Exception) -> PoisonRecordError:
+        """The error of the task's row ``index`` of this batch that cannot be produced."""
+        return PoisonRecordError(
+            f"kafka sink: row {self.rows + index} of this task (topic {topic!r}) cannot be "
+            f"produced: {exc}. Fix or filter the record (size limits: message.max.bytes / "
+            "max.request.size)."
+        )
 
 
 def _headers(value: Any) -> list[tuple[str, Any]]:

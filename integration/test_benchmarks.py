@@ -1,0 +1,140 @@
+"""Every benchmark command runs: each ``python -m integration.bench.<name> --smoke`` (one round,
+small batches, no warm-up) against the session's servers, printing its figures.
+
+The figures of a smoke run measure nothing; what fails here is a benchmark that no longer
+runs (a refused job, a changed option, a broken report) or that stops printing its ratios with
+their spread. The servers are the harness's, shared by every command through
+``EPOCHAL_KAFKA_BOOTSTRAP``, ``EPOCHAL_POSTGRES_DSN`` (a fresh database per command) and
+``EPOCHAL_STOMP_URL``, so no command starts a server of its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from integration.harness.jms import JmsServer
+from integration.harness.kafka import KafkaServer
+from integration.harness.plugin import PostgresDatabase
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parent.parent
+SPREAD = re.compile(r"\d+\.\d{3} \(IQR [\d.]+-[\d.]+, 95% CI [\d.]+-[\d.]+, 1 rounds\)")
+"""A figure with its spread as :class:`integration.bench.common.Spread` prints it."""
+PLOTS = importlib.util.find_spec("matplotlib") is not None
+
+
+def run_bench(module: str, tmp_path: Path, env: dict[str, str], *args: str) -> str:
+    """Run ``python -m integration.bench.<module> --smoke`` with the servers in ``env``;
+    its output (stdout and stderr), after checking that it exited 0 and drew its plot."""
+    plot = tmp_path / f"{module}.png"
+    command = [sys.executable, "-m", f"integration.bench.{module}", "--smoke", "--plot", str(plot)]
+    completed = subprocess.run(
+        [*command, *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-6000:]
+    if PLOTS:
+        assert plot.stat().st_size > 0, output[-2000:]
+    else:
+        assert "no plot: matplotlib is not installed" in output
+    return completed.stdout
+
+
+def kafka_env(kafka_server: KafkaServer) -> dict[str, str]:
+    return {"EPOCHAL_KAFKA_BOOTSTRAP": kafka_server.bootstrap_servers}
+
+
+def ratios(output: str, *labels: str) -> None:
+    """Each of ``labels`` is printed, with a ratio and its spread right after it."""
+    for label in labels:
+        at = output.find(label)
+        assert at >= 0, f"{label!r} not printed:\n{output}"
+        assert SPREAD.search(output, at, at + len(label) + 200), output[at : at + 400]
+
+
+@pytest.mark.timeout(900)
+def test_fastpath_bench(
+    kafka_server: KafkaServer, postgres_db: PostgresDatabase, tmp_path: Path
+) -> None:
+    env = {**kafka_env(kafka_server), "EPOCHAL_POSTGRES_DSN": postgres_db.dsn}
+    output = run_bench("fastpath_bench", tmp_path, env)
+    assert "MISSED" in output or "met" in output
+    assert "OUTPUT DOES NOT HOLD EVERY RECORD ONCE" not in output
+    assert re.search(r"fast path, keyed → epochal Kafka \(EO\) +\d+", output), output
+    ratios(
+        output,
+        "fast path, keyed → epochal Kafka (EO) / Spark Kafka → Spark Kafka (ALO)",
+        "fast path → epochal JDBC 2PC (EO) / foreachBatch psycopg COPY (ALO)",
+    )
+
+
+@pytest.mark.timeout(900)
+def test_kafka_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
+    output = run_bench("kafka_bench", tmp_path, kafka_env(kafka_server))
+    assert "MISMATCH" not in output and "every record once" in output
+    ratios(
+        output,
+        "epochal exactly-once / epochal at-least-once",
+        "epochal at-least-once / spark built-in",
+    )
+
+
+@pytest.mark.timeout(900)
+def test_kafka_jdbc_bench(
+    kafka_server: KafkaServer, postgres_db: PostgresDatabase, tmp_path: Path
+) -> None:
+    env = {**kafka_env(kafka_server), "EPOCHAL_POSTGRES_DSN": postgres_db.dsn}
+    output = run_bench("kafka_jdbc_bench", tmp_path, env)
+    ratios(
+        output,
+        "2PC (exactly-once) / plain (at-least-once)",
+        "upsert (exactly-once, idempotent) / plain (at-least-once)",
+    )
+
+
+def test_jdbc_bench(postgres_db: PostgresDatabase, tmp_path: Path) -> None:
+    output = run_bench("jdbc_bench", tmp_path, {"EPOCHAL_POSTGRES_DSN": postgres_db.dsn})
+    assert "2PC (exactly-once)" in output and "bare psycopg COPY" in output
+    ratios(output, "2PC / plain", "plain / bare")
+
+
+@pytest.mark.timeout(900)
+def test_jms_bench(jms_server: JmsServer, tmp_path: Path) -> None:
+    output = run_bench("jms_bench", tmp_path, {"EPOCHAL_STOMP_URL": jms_server.url})
+    assert "epochal source exactly-once" in output and "epochal sink exactly-once" in output
+    ratios(output, "source exactly-once / at-least-once", "sink exactly-once / at-least-once")
+
+
+@pytest.mark.timeout(900)
+def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
+    output = run_bench("latency_bench", tmp_path, kafka_env(kafka_server))
+    assert "MISSING" not in output, output
+    for trigger in ("trigger 1s", "trigger asap"):
+        assert trigger in output
+    assert re.search(r"p99 +\d+\.\d{3} \(IQR", output), output
+    ratios(
+        output,
+        "p99 epochal exactly-once / Spark Kafka → Spark Kafka (ALO) (target <= 1.2)",
+        "p99 epochal at-least-once / Spark Kafka → Spark Kafka (ALO)",
+    )
+
+
+@pytest.mark.timeout(900)
+def test_recovery_bench(tmp_path: Path) -> None:
+    output = run_bench("recovery", tmp_path, {})
+    assert "| recovery |" in output
+    assert re.search(r"in-place.*\(1 MB\): \d+\.\d\d", output), output
+    assert "plain PySpark, new process, no state" in output
