@@ -139,7 +139,7 @@ class EpochalDataSource(DataSource):
                     _mark_planned(part)
             finally:
                 sink.close()
-        return contract.writer(part, fields)
+        return contract.writer(part, fields, schema)
 
 
 @contextlib.contextmanager
