@@ -12,6 +12,11 @@ epochal runs on pyspark 4.0 through 4.3. Two features it uses arrived after 4.0:
   gets Arrow record batches. Without it the sinks' writers get rows and turn them into Arrow
   record batches themselves (:func:`arrow_batches`).
 
+And one difference with no name to detect: pyspark 4.0 refuses to register a Python data
+source under a name it already found by itself (a ``pyspark_epochal_<name>`` package), where
+4.1+ replaces it; :func:`found_by_spark` tells that refusal, and the registration keeps the
+one Spark found (the same class: :func:`epochal_sdk.define_default_source`).
+
 Nothing of pyspark is imported before a function here is called, so the submit side can
 check a job without starting anything.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import inspect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -101,6 +107,12 @@ def refusals(*, available_now: bool) -> list[str]:
     return found
 
 
+def found_by_spark(error: BaseException) -> bool:
+    """Whether ``error`` is pyspark 4.0's refusal to register a data source whose name Spark
+    already found in a ``pyspark_*`` package (``DATA_SOURCE_ALREADY_EXISTS``)."""
+    return "DATA_SOURCE_ALREADY_EXISTS" in str(error)
+
+
 # -- the classes and names of the newer releases, or what stands in for them ------------------
 
 
@@ -169,8 +181,14 @@ def arrow_batches(items: Iterable[Any], schema: StructType | None) -> Iterator[p
 
 
 def _arrow_schema(schema: StructType | None) -> pa.Schema | None:
-    if schema is None:
-        return None
+    return arrow_schema(schema) if schema is not None else None
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """``schema`` in Arrow, timestamps in UTC (``to_arrow_schema`` takes ``timezone`` from
+    pyspark 4.2 on and ``timestamp_utc`` before)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(schema, timezone="UTC")
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, timestamp_utc=True)  # type: ignore[call-arg]

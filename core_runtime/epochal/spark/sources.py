@@ -10,7 +10,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from epochal.metrics import recording
@@ -212,7 +211,7 @@ class AcknowledgingReader(DataSourceStreamReader, _AvailableNow):  # type: ignor
     def acks(self) -> AckProtocol | MemoryAcks:
         """The protocol of this source's mode."""
         if self._acks is None:
-            arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            arrow_schema = features.arrow_schema(self.schema)
             context = self.part.context
             if not self.exactly_once:
                 self._acks = MemoryAcks(
