@@ -137,7 +137,7 @@ def stream_writer_base() -> type:
     from pyspark.sql import datasource
 
     if ARROW_STREAM_WRITER.available:
-        return datasource.DataSourceStreamArrowWriter  # type: ignore[attr-defined,no-any-return]
+        return datasource.DataSourceStreamArrowWriter
     return datasource.DataSourceStreamWriter
 
 

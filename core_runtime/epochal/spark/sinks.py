@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
@@ -32,9 +32,11 @@ from epochal_sdk.sinks import Sink
 
 log = logging.getLogger("epochal.sink")
 
-_StreamWriter: type = features.stream_writer_base()
-"""``DataSourceStreamArrowWriter`` where pyspark has it (:mod:`epochal.spark.features`);
-without it the writers get rows and turn them into Arrow record batches."""
+if TYPE_CHECKING:  # checked against the newest pyspark
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
+else:  # DataSourceStreamArrowWriter where pyspark has it (epochal.spark.features); without
+    # it the writers get rows and turn them into Arrow record batches
+    _StreamWriter = features.stream_writer_base()
 
 KEEP_BATCHES = 100
 """How many batches of sink records (decisions, key digests) the store keeps."""
@@ -113,7 +115,7 @@ def _task_values(context: ConnectorContext, timings: dict[str, float]) -> dict[s
     return recording.add(timings, recording.connector_values(context.metrics.drain()))
 
 
-class TransactionalWriter(_StreamWriter):  # type: ignore[misc,valid-type]
+class TransactionalWriter(_StreamWriter):
     """Two-phase commit: tasks prepare, the driver decides durably, then commits."""
 
     def __init__(self, part: Part, schema: Schema, spark_schema: StructType | None = None) -> None:
@@ -220,7 +222,7 @@ class TransactionalWriter(_StreamWriter):  # type: ignore[misc,valid-type]
             sink.close()
 
 
-class IdempotentWriterAdapter(_StreamWriter):  # type: ignore[misc,valid-type]
+class IdempotentWriterAdapter(_StreamWriter):
     """Upserts by key, flushed before the task returns; key stability checked on replay."""
 
     def __init__(self, part: Part, schema: Schema, spark_schema: StructType | None = None) -> None:

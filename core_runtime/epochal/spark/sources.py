@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -21,8 +21,10 @@ from epochal_sdk import AcknowledgingSource, Guarantee, ReplayableSource, Split
 
 log = logging.getLogger("epochal.source")
 
-_AvailableNow: type = features.trigger_available_now_base()
-"""``SupportsTriggerAvailableNow`` where pyspark has it (:mod:`epochal.spark.features`)."""
+if TYPE_CHECKING:  # checked against the newest pyspark
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
+else:  # SupportsTriggerAvailableNow where pyspark has it (epochal.spark.features)
+    _AvailableNow = features.trigger_available_now_base()
 
 
 class SplitPartition(InputPartition):
@@ -33,7 +35,7 @@ class SplitPartition(InputPartition):
         self.split = split
 
 
-class ReplayableReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[misc,valid-type]
+class ReplayableReader(DataSourceStreamReader, _AvailableNow):
     """A :class:`ReplayableSource` as a Spark stream reader. Offsets are the source's
     per-partition offsets, so they live in Spark's offset log, i.e. in the snapshot."""
 
@@ -166,7 +168,7 @@ class StoredBatchPartition(InputPartition):
         self.payload = payload
 
 
-class AcknowledgingReader(DataSourceStreamReader, _AvailableNow):  # type: ignore[misc,valid-type]
+class AcknowledgingReader(DataSourceStreamReader, _AvailableNow):
     """An :class:`AcknowledgingSource` as a Spark stream reader.
 
     Offsets are ``{"seq": n}``: the number of the last batch. The protocol, in both modes, is
