@@ -1,7 +1,8 @@
 """epochal on the pyspark releases before the suite's own (4.3): each installed first into a
 new virtual environment, then epochal's wheels, built from the tree; pip keeps that pyspark,
-a job that needs what the release lacks is refused at submit, and ``python -m epochal demo``
-(two hard driver kills) ends exactly-once.
+a job that needs what the release lacks is refused at submit, the kit's contract checks of
+the map connector pass (in process, no Spark), and ``python -m epochal demo`` (two hard
+driver kills) ends exactly-once.
 
 Each release is a unit of work of its own for the suite's two workers (the root
 conftest.py). pip's cache holds each release's wheel after the first download.
@@ -13,11 +14,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from shutil import copy
 
 import pytest
 
 pytestmark = pytest.mark.spark
 
+ROOT = Path(__file__).resolve().parents[2]
+MAP_SUITE = ROOT / "tests" / "conformance" / "test_map_conformance.py"
 RELEASES = ["4.0.5", "4.1.4", "4.2.1"]
 """The newest patch of each older minor release epochal supports."""
 ADMISSION_CONTROL_SINCE = (4, 2)
@@ -66,7 +70,8 @@ def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     done = _run([*pip, f"pyspark=={pyspark_release}"], tmp_path, 900)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = _run([*pip, *map(str, built_wheels.values())], tmp_path, 600)
+    wheels = [str(w) for w in built_wheels.values()]
+    done = _run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
     version = _run([python, "-c", VERSION], tmp_path, 60)
     assert version.stdout.strip() == pyspark_release, "pip replaced the pyspark installed first"
@@ -81,6 +86,13 @@ def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
         assert f"you have {pyspark_release}" in submitted.stdout, submitted.stdout
     else:
         assert submitted.stdout.strip() == "submitted", submitted.stdout
+
+    suite = tmp_path / "kit"
+    suite.mkdir()
+    copy(MAP_SUITE, suite)
+    kit = ["-p", "no:cacheprovider", "-q", "-k", "test_contract", "-m", "not spark"]
+    checks = _run([python, "-m", "pytest", *kit, MAP_SUITE.name], suite, 300)
+    assert checks.returncode == 0 and " passed" in checks.stdout, checks.stdout + checks.stderr
 
     demo = _run([python, "-m", "epochal", "demo"], tmp_path, 600)
     out = demo.stdout + demo.stderr
