@@ -7,7 +7,8 @@ last minutes are not one long test running alone:
 
 - a module is one unit, so a module's shared fixtures (a SparkSession, a virtual
   environment, a database) are made once, by one worker;
-- a crash test of the conformance kit is a unit of its own (its fixtures are per test).
+- a crash test of the conformance kit is a unit of its own (its fixtures are per test), and
+  so is each pyspark release of tests/releases (its own virtual environment).
 
 Session fixtures (the integration servers, the kit's warm drivers) are per worker: a server
 both workers need is started by each. Without ``-n`` nothing here changes the run.
@@ -32,6 +33,8 @@ def work_unit(item: pytest.Item) -> str:
     """The unit of work ``item`` belongs to (tests of one unit run on one worker, in order)."""
     if "conformance_case" in getattr(item, "fixturenames", ()):
         return f"case:{item.nodeid}"
+    if "pyspark_release" in getattr(item, "fixturenames", ()):
+        return f"release:{item.nodeid}"
     return f"module:{item.nodeid.split('::', 1)[0]}"
 
 

@@ -181,6 +181,33 @@ def test_the_ack_reader_plans_reads_and_acknowledges_in_either_mode(
     assert totals["records_in"] == 3 and totals["acked"] == 3
 
 
+def test_without_admission_control_the_ack_reader_goes_on_from_its_last_batch(
+    plugins: None, queue: TestBroker, tmp_path: Path
+) -> None:
+    """pyspark before 4.2 calls ``latestOffset()`` without a start or a limit: each batch
+    starts where the last one this reader planned ended and holds ``maxRecordsPerBatch``
+    messages at most."""
+    queue.send("q", [(f"m{i}", f"b{i}") for i in range(5)])
+    options = {"path": queue.path, "queue": "q", "receiveTimeoutMs": "2000"}
+    options["maxRecordsPerBatch"] = "3"
+    part = _part("testqueue", options, tmp_path, Guarantee.EXACTLY_ONCE)
+    reader = AcknowledgingReader(part, SPARK_SCHEMA)
+    start = reader.initialOffset()
+    first = reader.latestOffset()
+    assert first["seq"] == 1
+    rows = [
+        r for p in reader.partitions(start, first) for b in reader.read(p) for r in b.to_pylist()
+    ]
+    assert [r["id"] for r in rows] == ["m0", "m1", "m2"]
+    second = reader.latestOffset()
+    assert second["seq"] == 2
+    rows = [
+        r for p in reader.partitions(first, second) for b in reader.read(p) for r in b.to_pylist()
+    ]
+    assert [r["id"] for r in rows] == ["m3", "m4"]
+    reader.stop()
+
+
 def test_a_replayable_source_may_yield_dict_rows(plugins: None, tmp_path: Path) -> None:
     schema = StructType([StructField("label", StringType()), StructField("i", LongType())])
     part = _part("dictrows", {"size": "4"}, tmp_path, Guarantee.EXACTLY_ONCE)

@@ -71,3 +71,37 @@ def test_available_now_stops_at_what_was_there_when_it_began(growing: Path) -> N
     reader.prepareForTriggerAvailableNow()
     growing.write_text(json.dumps({"0": 50}))
     assert reader.latestOffset({"0": 0}, ReadAllAvailable()) == {"0": 5}
+
+
+# -- without admission control (pyspark before 4.2: ``latestOffset()`` gets no start) ----------
+
+
+def test_without_admission_control_a_batch_starts_where_the_last_planned_one_ended(
+    growing: Path,
+) -> None:
+    """Spark calls ``latestOffset()`` without a start or a limit: the reader continues from
+    the end of the batch it planned last, and a new partition joins at its start as with
+    admission control."""
+    reader = _reader(growing)
+    start = reader.initialOffset()
+    first = reader.latestOffset()
+    assert first == {"0": 5}
+    assert _rows(reader, start, first) == [("0", i) for i in range(5)]
+    growing.write_text(json.dumps({"0": 7, "1": 3}))
+    second = reader.latestOffset()
+    assert second == {"0": 7, "1": 0}
+    assert _rows(reader, first, second) == [("0", 5), ("0", 6)]
+    assert reader.latestOffset() == {"0": 7, "1": 3}
+
+
+def test_without_admission_control_a_restarted_reader_reads_what_is_there(
+    growing: Path,
+) -> None:
+    """A reader of a restarted query has planned nothing: it takes every partition at its
+    latest offset, and a partition missing from the batch's start (it appeared while the
+    query was down) is read from its start."""
+    growing.write_text(json.dumps({"0": 7, "1": 3}))
+    reader = _reader(growing)
+    end = reader.latestOffset()
+    assert end == {"0": 7, "1": 3}
+    assert _rows(reader, {"0": 5}, end) == [("0", 5), ("0", 6), ("1", 0), ("1", 1), ("1", 2)]

@@ -43,6 +43,15 @@ def test_a_module_is_one_unit_and_a_crash_test_of_the_kit_one_of_its_own() -> No
     assert conftest.work_unit(check) == "module:tests/x/test_kit.py"
 
 
+def test_each_pyspark_release_is_a_unit_of_its_own() -> None:
+    conftest = _root_conftest()
+    releases = [
+        _Item(f"tests/releases/test_r.py::test_demo[{r}]", ["pyspark_release"])
+        for r in ("4.0.5", "4.1.4")
+    ]
+    assert [conftest.work_unit(i) for i in releases] == [f"release:{i.nodeid}" for i in releases]
+
+
 def test_units_go_out_longest_first_and_an_unknown_test_counts_one_second() -> None:
     conftest = _root_conftest()
     units = {

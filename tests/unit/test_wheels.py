@@ -11,26 +11,15 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DISTRIBUTIONS = sorted(
-    p.parent.relative_to(ROOT).as_posix()
-    for p in [
-        ROOT / "sdk" / "pyproject.toml",
-        ROOT / "core_runtime" / "pyproject.toml",
-        *(ROOT / "connectors").glob("*/pyproject.toml"),
-    ]
-)
-_NOT_SOURCE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.pyc")
+from tests.wheels import DISTRIBUTIONS, ROOT
 
 
 def _packages(dist: str) -> list[Path]:
@@ -39,38 +28,10 @@ def _packages(dist: str) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each distribution's wheel, built from a copy of its directory (so the build leaves
-    nothing in the tree), all in one pip run."""
-    work = tmp_path_factory.mktemp("wheels")
-    sources = []
-    for dist in DISTRIBUTIONS:
-        copy = work / "src" / dist
-        shutil.copytree(ROOT / dist, copy, ignore=_NOT_SOURCE)
-        sources.append(str(copy))
-    out = work / "out"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"),
-            *("--disable-pip-version-check", "-w", str(out), *sources),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = {}
-    for dist in DISTRIBUTIONS:
-        with open(ROOT / dist / "pyproject.toml", "rb") as fh:
-            name = tomllib.load(fh)["project"]["name"].replace("-", "_")
-        (found[dist],) = out.glob(f"{name}-*.whl")
-    return found
-
-
-@pytest.fixture(scope="module")
-def wheels(built: dict[str, Path]) -> dict[str, set[str]]:
-    """The files of each distribution's wheel."""
-    return {dist: set(zipfile.ZipFile(wheel).namelist()) for dist, wheel in built.items()}
+def wheels(built_wheels: dict[str, Path]) -> dict[str, set[str]]:
+    """The files of each distribution's wheel (built by the session's ``built_wheels``,
+    tests/conftest.py)."""
+    return {dist: set(zipfile.ZipFile(w).namelist()) for dist, w in built_wheels.items()}
 
 
 # -- the paths a module resolves relative to itself --------------------------------------------
@@ -208,7 +169,7 @@ assert pyspark_epochal_map.DefaultSource.name() == "epochal.map"
 
 
 def test_the_installed_wheels_work_without_the_checkout(
-    built: dict[str, Path], tmp_path: Path
+    built_wheels: dict[str, Path], tmp_path: Path
 ) -> None:
     """The wheels installed into a new virtual environment: the runtime finds the files it
     opens, Spark's ``pyspark_epochal_map`` defines its source, and ``epochal connectors``
@@ -232,7 +193,7 @@ def test_the_installed_wheels_work_without_the_checkout(
     install = subprocess.run(
         [
             *(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q"),
-            *("--disable-pip-version-check", *map(str, built.values())),
+            *("--disable-pip-version-check", *map(str, built_wheels.values())),
         ],
         capture_output=True,
         text=True,

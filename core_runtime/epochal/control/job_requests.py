@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epochal.config import JobConfig
+from epochal.spark import features
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.locks import JobError
 
@@ -34,8 +35,13 @@ def submit(
     *,
     replace: bool = False,
 ) -> JobDirectory:
-    """Create (or, with ``replace``, re-create) the record of a job without running it."""
+    """Create (or, with ``replace``, re-create) the record of a job without running it.
+    A job that needs what the installed pyspark lacks is refused here, before any driver
+    starts (:func:`epochal.spark.features.refusals`)."""
     config = config or JobConfig()
+    refused = features.refusals(available_now=config.available_now)
+    if refused:
+        raise JobError(f"job {name!r} cannot run on this pyspark: " + "; ".join(refused))
     jobdir = JobDirectory(config.snapshot_dir, name)
     target_name = _target_name(target)
     if jobdir.exists():

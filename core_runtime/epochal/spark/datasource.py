@@ -21,6 +21,7 @@ from epochal.parts import registry
 from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
+from epochal.spark import features
 from epochal.spark.common import Part, sdk_schema
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
@@ -139,7 +140,7 @@ class EpochalDataSource(DataSource):
                     _mark_planned(part)
             finally:
                 sink.close()
-        return contract.writer(part, fields)
+        return contract.writer(part, fields, schema)
 
 
 @contextlib.contextmanager
@@ -236,7 +237,11 @@ def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
     for name in chosen:
         if name not in failed:  # a failed one is registered: its format says why it failed
             registry.connector(name)  # a clear error for an unknown name
-        spark.dataSource.register(data_source_class(name))
+        try:
+            spark.dataSource.register(data_source_class(name))
+        except Exception as exc:  # pyspark 4.0: Spark found the format by itself; keep it
+            if not features.found_by_spark(exc):
+                raise
     _check_queries_of(spark)
     return [FORMAT_PREFIX + n for n in chosen]
 

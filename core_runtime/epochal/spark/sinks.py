@@ -7,19 +7,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSourceStreamArrowWriter,
-    DataSourceStreamWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
 from epochal.metrics import recording
 from epochal.protocols import keys
 from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
+from epochal.spark import features
 from epochal.spark.common import Part, SparkTask, protocol_step
 from epochal_sdk import (
     ConfigError,
@@ -33,6 +31,12 @@ from epochal_sdk import (
 from epochal_sdk.sinks import Sink
 
 log = logging.getLogger("epochal.sink")
+
+if TYPE_CHECKING:  # checked against the newest pyspark
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
+else:  # DataSourceStreamArrowWriter where pyspark has it (epochal.spark.features); without
+    # it the writers get rows and turn them into Arrow record batches
+    _StreamWriter = features.stream_writer_base()
 
 KEEP_BATCHES = 100
 """How many batches of sink records (decisions, key digests) the store keeps."""
@@ -111,15 +115,17 @@ def _task_values(context: ConnectorContext, timings: dict[str, float]) -> dict[s
     return recording.add(timings, recording.connector_values(context.metrics.drain()))
 
 
-class TransactionalWriter(DataSourceStreamArrowWriter):
+class TransactionalWriter(_StreamWriter):
     """Two-phase commit: tasks prepare, the driver decides durably, then commits."""
 
-    def __init__(self, part: Part, schema: Schema) -> None:
+    def __init__(self, part: Part, schema: Schema, spark_schema: StructType | None = None) -> None:
         self.part = part
         self.schema = schema
+        self.spark_schema = spark_schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+    def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
         task = _task(self.part, self.schema)
+        iterator = features.arrow_batches(iterator, self.spark_schema)
         with protocol_step(self.part, task.batch, f"task {task.partition} write+prepare"):
             return self._write(task, iterator)
 
@@ -216,15 +222,17 @@ class TransactionalWriter(DataSourceStreamArrowWriter):
             sink.close()
 
 
-class IdempotentWriterAdapter(DataSourceStreamArrowWriter):
+class IdempotentWriterAdapter(_StreamWriter):
     """Upserts by key, flushed before the task returns; key stability checked on replay."""
 
-    def __init__(self, part: Part, schema: Schema) -> None:
+    def __init__(self, part: Part, schema: Schema, spark_schema: StructType | None = None) -> None:
         self.part = part
         self.schema = schema
+        self.spark_schema = spark_schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+    def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
         task = _task(self.part, self.schema)
+        iterator = features.arrow_batches(iterator, self.spark_schema)
         with protocol_step(self.part, task.batch, f"task {task.partition} upsert+flush"):
             return self._write(task, iterator)
 
@@ -285,9 +293,12 @@ class SinkContract:
     contract: type[Sink]
     writer_class: type[DataSourceStreamWriter]
 
-    def writer(self, part: Part, fields: Schema) -> DataSourceStreamWriter:
-        """The writer Spark gets for this part."""
-        return self.writer_class(part, fields)  # type: ignore[call-arg]
+    def writer(
+        self, part: Part, fields: Schema, spark_schema: StructType
+    ) -> DataSourceStreamWriter:
+        """The writer Spark gets for this part (``spark_schema``: the rows' schema, for a
+        writer that gets rows rather than Arrow record batches)."""
+        return self.writer_class(part, fields, spark_schema)  # type: ignore[call-arg]
 
     def start_run(self, part: Part, sink: Sink) -> str:
         """Recovery at the start of a run: a transactional sink finishes the decided batches

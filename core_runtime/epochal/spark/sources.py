@@ -6,26 +6,25 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from epochal.metrics import recording
 from epochal.protocols.acking import AckProtocol, MemoryAcks, read_batch
+from epochal.spark import features
 from epochal.spark.common import Part, SparkTask, protocol_step
 from epochal.state.checkpoint import Checkpoint
 from epochal_sdk import AcknowledgingSource, Guarantee, ReplayableSource, Split
 
 log = logging.getLogger("epochal.source")
+
+if TYPE_CHECKING:  # checked against the newest pyspark
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
+else:  # SupportsTriggerAvailableNow where pyspark has it (epochal.spark.features)
+    _AvailableNow = features.trigger_available_now_base()
 
 
 class SplitPartition(InputPartition):
@@ -36,7 +35,7 @@ class SplitPartition(InputPartition):
         self.split = split
 
 
-class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class ReplayableReader(DataSourceStreamReader, _AvailableNow):
     """A :class:`ReplayableSource` as a Spark stream reader. Offsets are the source's
     per-partition offsets, so they live in Spark's offset log, i.e. in the snapshot."""
 
@@ -45,9 +44,16 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self._source: ReplayableSource | None = None
         self._until: dict | None = None
+        self._planned: dict | None = None  # the end of the last batch planned here
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"part": self.part, "schema": self.schema, "_source": None, "_until": None}
+        return {
+            "part": self.part,
+            "schema": self.schema,
+            "_source": None,
+            "_until": None,
+            "_planned": None,
+        }
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read up to what is there now, in batches of the read limit."""
@@ -61,16 +67,23 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         partitions = self.source.partitions()
-        return dict(self.source.initial_offsets(partitions))
+        self._planned = dict(self.source.initial_offsets(partitions))
+        return dict(self._planned)
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.source.max_records_per_batch()
-        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+    def getDefaultReadLimit(self) -> Any:
+        return features.read_limit(self.source.max_records_per_batch())
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        """The end of the next batch. Spark passes the batch's start and a read limit when it
+        has admission control for Python sources (:data:`features.ADMISSION_CONTROL`);
+        without it, it calls this without them and the batch reads everything available."""
         started = time.perf_counter()
         with protocol_step(self.part, None, "plan the next batch (latest offsets)"):
-            latest = self._latest(start, limit)
+            if start is None:
+                start = self._planned
+                latest = self._latest_without_limit()
+            else:
+                latest = self._latest(start, limit)
         if latest != start:  # a batch will run: note how long planning it took
             took = time.perf_counter() - started
             values = {"plan_seconds": took, "plan_seconds_count": 1}
@@ -79,7 +92,16 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.part.context.reach("source.after_plan")
         return latest
 
-    def _latest(self, start: dict, limit: ReadLimit) -> dict:
+    def _latest_without_limit(self) -> dict:
+        """The latest offsets of every partition; a partition not in the last batch planned
+        here joins at its start, as in :meth:`_latest`. A reader that has planned nothing yet
+        (a restarted query) takes every partition at its latest offset, and
+        :meth:`partitions` starts one missing from the batch's start at its start."""
+        if self._planned is None:
+            return dict(self.source.latest_offsets(self.source.partitions()))
+        return self._latest(self._planned, None)
+
+    def _latest(self, start: dict, limit: Any) -> dict:
         partitions = list(self._until) if self._until is not None else self.source.partitions()
         new = [p for p in partitions if p not in start]
         begin = {**start, **(self.source.initial_offsets(new) if new else {})}
@@ -87,13 +109,18 @@ class ReplayableReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {**begin, **self._until}
         else:
             latest = {**begin, **self.source.latest_offsets(partitions)}
-        if isinstance(limit, ReadMaxRows):
-            latest = self.source.limit(begin, latest, limit.max_rows)
+        max_rows = features.max_rows(limit)
+        if max_rows:
+            latest = self.source.limit(begin, latest, max_rows)
         for partition in new:  # a new partition joins the offsets at its start: it is read
             latest[partition] = begin[partition]  # from the next batch, the same on a replay
         return latest
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        missing = [p for p in end if p not in start]  # only without admission control
+        if missing:
+            start = {**self.source.initial_offsets(missing), **start}
+        self._planned = dict(end)
         return [SplitPartition(s) for s in self.source.splits(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -141,7 +168,7 @@ class StoredBatchPartition(InputPartition):
         self.payload = payload
 
 
-class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class AcknowledgingReader(DataSourceStreamReader, _AvailableNow):
     """An :class:`AcknowledgingSource` as a Spark stream reader.
 
     Offsets are ``{"seq": n}``: the number of the last batch. The protocol, in both modes, is
@@ -157,6 +184,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._source: AcknowledgingSource | None = None
         self._limits: tuple[int, float] | None = None
         self._commit_log: CommitLogCursor | None = None
+        self._planned: dict | None = None  # the end of the last batch planned here
 
     def __getstate__(self) -> dict[str, Any]:
         return {"part": self.part, "schema": self.schema}
@@ -185,7 +213,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def acks(self) -> AckProtocol | MemoryAcks:
         """The protocol of this source's mode."""
         if self._acks is None:
-            arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            arrow_schema = features.arrow_schema(self.schema)
             context = self.part.context
             if not self.exactly_once:
                 self._acks = MemoryAcks(
@@ -211,6 +239,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Trigger.AvailableNow: read until a receive comes back empty."""
 
     def initialOffset(self) -> dict:
+        self._planned = self._offset(0)
         return self._offset(0)
 
     def _offset(self, seq: int) -> dict:
@@ -218,14 +247,18 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Spark's offset log (see :meth:`stop`)."""
         return {"seq": seq, "source": self.part.part_id}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self._options()[0])
+    def getDefaultReadLimit(self) -> Any:
+        return features.read_limit(self._options()[0])
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        """Receive and store the next batch. Spark passes the batch's start and a read limit
+        when it has admission control for Python sources; without it (see
+        :mod:`epochal.spark.features`) the start is the end of the last batch this reader
+        planned, or, in a restarted query, this source's offset in the newest committed
+        batch, and the batch holds up to ``maxRecordsPerBatch`` messages either way."""
         max_messages, timeout = self._options()
-        if isinstance(limit, ReadMaxRows):
-            max_messages = limit.max_rows
-        begin = int(start["seq"])
+        max_messages = features.max_rows(limit) or max_messages
+        begin = int((start if start is not None else self._start())["seq"])
         started = time.perf_counter()
         with protocol_step(self.part, None, f"receive + store batch {begin + 1}"):
             self._settle(begin)
@@ -233,6 +266,14 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end != begin:
             self._report({"plan_seconds": time.perf_counter() - started, "plan_seconds_count": 1})
         return self._offset(end)
+
+    def _start(self) -> dict:
+        """Where the next batch starts when Spark does not say (no admission control)."""
+        if self._planned is not None:
+            return self._planned
+        if self._commit_log is None:
+            self._commit_log = CommitLogCursor(self.part)
+        return self._commit_log.latest() or self._offset(0)
 
     def _report(self, values: dict[str, float]) -> None:
         """Leave what the protocol measured (and the connector counted) for the metrics."""
@@ -258,6 +299,7 @@ class AcknowledgingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.commit(self._offset(begin))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        self._planned = dict(end)
         return [
             StoredBatchPartition(seq, self.acks.payload(seq))
             for seq in self.acks.batches(int(start["seq"]), int(end["seq"]))

@@ -27,13 +27,13 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
+
+from epochal.spark import features
 
 FORMAT = "epochal-warmup"
 #: Batches of each start of the warm-up query: two on a new checkpoint, one after the restart.
@@ -53,7 +53,7 @@ KEEP_WARM_BATCHES = (1,)
 ROWS = 64
 
 
-class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _Reader(DataSourceStreamReader, features.trigger_available_now_base()):  # type: ignore[misc]
     def __init__(self, batches: int) -> None:
         self.batches = batches
 
@@ -63,7 +63,11 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         return {"batch": 0}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        """One batch more; all of them at once without admission control (Spark then asks
+        once, at the start of the available-now query)."""
+        if start is None:
+            return {"batch": self.batches}
         return {"batch": min(int(start["batch"]) + 1, self.batches)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -80,8 +84,8 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to settle."""
 
 
-class _Writer(DataSourceStreamArrowWriter):
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+class _Writer(features.stream_writer_base()):  # type: ignore[misc]
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         prime_worker()
         for _ in iterator:
             pass
