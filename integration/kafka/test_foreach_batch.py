@@ -59,51 +59,58 @@ committed (completed by the next run's recovery, not written again), and one com
 not in Spark's commit log (a replay of a decided batch: completed, nothing written)."""
 
 
-def run_until_done(
-    tmp_path: Path, spec: dict[str, Any], plan: str, job: str = "fb"
-) -> tuple[list[str], int]:
-    """Run the application of ``spec`` with the fault plan ``plan`` as a restarter does,
-    until it finishes; returns the faults that fired and how many starts it took."""
-    snapshot_dir = tmp_path / "snapshots"
-    layout = JobLayout(str(snapshot_dir), job)
+def job_spec(tmp_path: Path, spec: dict[str, Any], plan: str, job: str = "fb") -> dict[str, Any]:
+    """``spec`` with its sink as a ``foreachBatch`` writer of job ``job`` (its snapshot
+    directory under ``tmp_path``) and the fault plan ``plan``."""
     options = {
         **spec["sink_options"],
         "epochal.job": job,
-        "epochal.snapshotDir": str(snapshot_dir),
+        "epochal.snapshotDir": str(tmp_path / "snapshots"),
         "epochal.faults": plan,
         "epochal.leaseTtl": str(KIT_LEASE_TTL),
     }
-    spec = {**spec, "sink_path": "foreachBatch", "sink_options": options}
-    checkpoint = tmp_path / "checkpoint"
+    return {**spec, "sink_path": "foreachBatch", "sink_options": options}
+
+
+def start_app(tmp_path: Path, spec: dict[str, Any], tag: str) -> tuple[int, Path]:
+    """Run the application once, to its end: its exit code and its log. What is left of a
+    killed run is killed after it, as a restarter's container is."""
     temp_dir = tmp_path / "tmp"
-    temp_dir.mkdir()
+    temp_dir.mkdir(exist_ok=True)
+    token = processes.new_run_token()
+    env = {
+        **with_temp_dir(str(temp_dir)),
+        SPEC_ENV: json.dumps(spec),
+        processes.RUN_TOKEN_ENV: token,
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    log = tmp_path / f"app-{tag}.log"
+    with open(log, "w") as out:
+        app = subprocess.run(
+            [sys.executable, "-m", APP_MODULE, str(tmp_path / "checkpoint")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=600,
+            check=False,
+        )
+    processes.kill_run(token)
+    return app.returncode, log
+
+
+def run_until_done(tmp_path: Path, spec: dict[str, Any], plan: str) -> tuple[list[str], int]:
+    """Run the application of ``spec`` with the fault plan ``plan`` as a restarter does,
+    until it finishes; returns the faults that fired and how many starts it took."""
+    spec = job_spec(tmp_path, spec, plan)
+    layout = JobLayout(str(tmp_path / "snapshots"), "fb")
     starts = 0
     while True:
         assert starts < MAX_STARTS, f"the application did not finish in {MAX_STARTS} starts"
-        token = processes.new_run_token()
-        env = {
-            **with_temp_dir(str(temp_dir)),
-            SPEC_ENV: json.dumps(spec),
-            processes.RUN_TOKEN_ENV: token,
-            "PYSPARK_PYTHON": sys.executable,
-        }
-        log = tmp_path / f"app-{starts}.log"
-        with open(log, "w") as out:
-            app = subprocess.run(
-                [sys.executable, "-m", APP_MODULE, str(checkpoint)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=600,
-                check=False,
-            )
+        code, log = start_app(tmp_path, spec, str(starts))
         starts += 1
-        processes.kill_run(token)  # what is left of a killed run (a restarter's container)
-        if app.returncode == 0:
+        if code == 0:
             break
-        assert app.returncode == -signal.SIGKILL, (
-            f"the application failed ({app.returncode}):\n" + _tail(log)
-        )
+        assert code == -signal.SIGKILL, f"the application failed ({code}):\n" + _tail(log)
     return FaultPlan.parse(plan, f"{layout.path}/faults").fired(), starts
 
 
@@ -140,15 +147,29 @@ def copy_spec(source: SparkKafkaSourceUnderTest, sink: Any, route_by_key: bool) 
     }
 
 
+def jdbc_case(
+    tmp_path: Path, source: SparkKafkaSourceUnderTest, sink: JdbcSinkUnderTest, writer: str = ""
+) -> tuple[int, int, list[str]]:
+    """The JDBC 2PC case (with the writer factory ``writer`` names, default epochal's):
+    lost, duplicated, in doubt."""
+    spec = copy_spec(source, sink, False)
+    if writer:
+        spec["writer"] = writer
+    fired, starts = run_until_done(tmp_path, spec, KILLS)
+    assert fired == [k.strip() for k in KILLS.split(">")]
+    lost, duplicated = counted(range(RECORDS), sink.committed("transactional"))
+    in_doubt = sink.in_doubt()
+    print(
+        f"jdbc 2pc{' ' + writer if writer else ''}: {starts} starts, lost {lost}, "
+        f"duplicated {duplicated}, in doubt {in_doubt}"
+    )
+    return lost, duplicated, in_doubt
+
+
 def test_kafka_source_into_the_jdbc_2pc_sink(
     tmp_path: Path, source: SparkKafkaSourceUnderTest, epochal_jdbc_sink: JdbcSinkUnderTest
 ) -> None:
-    fired, starts = run_until_done(tmp_path, copy_spec(source, epochal_jdbc_sink, False), KILLS)
-    assert fired == [k.strip() for k in KILLS.split(">")]
-    lost, duplicated = counted(range(RECORDS), epochal_jdbc_sink.committed("transactional"))
-    in_doubt = epochal_jdbc_sink.in_doubt()
-    print(f"jdbc 2pc: {starts} starts, lost {lost}, duplicated {duplicated}, in doubt {in_doubt}")
-    assert (lost, duplicated, in_doubt) == (0, 0, [])
+    assert jdbc_case(tmp_path, source, epochal_jdbc_sink) == (0, 0, [])
 
 
 def test_kafka_source_into_the_kafka_sink(
@@ -160,6 +181,21 @@ def test_kafka_source_into_the_kafka_sink(
     in_doubt = kafka_sink.in_doubt()
     print(f"kafka: {starts} starts, lost {lost}, duplicated {duplicated}, in doubt {in_doubt}")
     assert (lost, duplicated, in_doubt) == (0, 0, [])
+
+
+def test_kafka_source_straight_into_the_kafka_sink_is_refused_under_exactly_once(
+    tmp_path: Path, source: SparkKafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest
+) -> None:
+    """The writer judges Spark's sources of its query as the session check does: the Kafka
+    sink settles each Spark partition on its own, so Spark's Kafka source needs the rows
+    routed by key before it; without, the run is refused before it writes anything."""
+    code, log = start_app(
+        tmp_path, job_spec(tmp_path, copy_spec(source, kafka_sink, False), ""), "0"
+    )
+    text = log.read_text()
+    assert code == 1, _tail(log)
+    assert "GuaranteeError" in text and "route the rows by key" in text, _tail(log)
+    assert kafka_sink.committed("transactional") == []
 
 
 GROUPS = 7
@@ -206,14 +242,8 @@ def rewriting_writer(connector: str, options: dict[str, str]) -> RewritingWriter
 def test_the_jdbc_case_catches_a_writer_that_writes_a_replayed_batch_again(
     tmp_path: Path, source: SparkKafkaSourceUnderTest, epochal_jdbc_sink: JdbcSinkUnderTest
 ) -> None:
-    spec = {
-        **copy_spec(source, epochal_jdbc_sink, False),
-        "writer": f"{__name__}:rewriting_writer",
-    }
-    plan = "sink.after_commit@1"
-    fired, _ = run_until_done(tmp_path, spec, plan)
-    assert fired == [plan]
-    lost, duplicated = counted(range(RECORDS), epochal_jdbc_sink.committed("transactional"))
-    print(f"mutant: lost {lost}, duplicated {duplicated}")
+    lost, duplicated, _ = jdbc_case(
+        tmp_path, source, epochal_jdbc_sink, f"{__name__}:rewriting_writer"
+    )
+    assert duplicated > 0, "the mutant writes replayed batches again: the case must see it"
     assert lost == 0
-    assert duplicated > 0, "the mutant's replay writes batch 1 again: the case must see it"

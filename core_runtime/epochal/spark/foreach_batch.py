@@ -38,6 +38,11 @@ import pyarrow as pa
 from epochal.parts import registry
 from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
+from epochal.parts.spark_plan.capabilities import Role
+from epochal.parts.spark_plan.classification import sink_part
+from epochal.parts.spark_plan.judgement import judge, part_records, settled_by_partition
+from epochal.parts.spark_plan.jvm import Jvm, UnreadablePlanError
+from epochal.parts.spark_plan.reading import read_started_query
 from epochal.parts.spark_plan.session import session_driver
 from epochal.spark import sink_steps
 from epochal.spark.common import Part, protocol_step, sdk_schema
@@ -167,6 +172,7 @@ class ForeachBatchWriter:
             )
             part.check_target("sink")
             sink.check(fields)
+            judge_query(spark, part)
             part.record("sink", contract, reason)
             done = sink_steps.start_run(part, sink, contract)
         finally:
@@ -243,6 +249,57 @@ def _roll_back_batch(part: Part, batch: int) -> None:
         log.warning("epochal: %s: batch %s: roll-back after a failure: %s", part.label, batch, exc)
     finally:
         sink.close()
+
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The local property by which Spark names the streaming query of the thread that runs its
+batches (and so calls the ``foreachBatch`` function)."""
+
+
+def judge_query(spark: Any, part: Part) -> None:
+    """Judge the query's other parts (Spark's sources, the batch relations joined to them)
+    against the job's guarantee, as the session check judges a query with an epochal data
+    source sink: under exactly-once a part that gives less refuses the run
+    (``GuaranteeError``) unless the job allows the downgrade; each part is recorded in the
+    run's store, so status and metrics show the whole query. Spark's sources are judged
+    against the epochal sink this writer drives (a sink that settles each partition needs
+    the rows routed by key after Spark's Kafka source). A query whose plan cannot be read is
+    named in a warning and runs with only the sink checked."""
+    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    query = spark.streams.get(query_id) if query_id else None
+    if query is None:
+        log.warning(
+            "epochal: %s: the foreachBatch function's query is not known here; Spark's own "
+            "sources of it are not judged against job %r's guarantee",
+            part.label,
+            part.context.job,
+        )
+        return
+    try:
+        started = read_started_query(spark, query._jsq.streamingQuery())
+        sink = sink_part(f"epochal.{part.connector}", part.options, Jvm(spark))
+    except UnreadablePlanError as exc:
+        log.warning(
+            "epochal: %s: query %s could not be read, Spark's own sources of it are not "
+            "judged against job %r's guarantee: %s",
+            part.label,
+            query_id,
+            part.context.job,
+            exc,
+        )
+        return
+    sources = settled_by_partition(started.plan.sources, sink, part.options)
+    verdict = judge(
+        (*sources, *started.plan.static),
+        part.context.guarantee,
+        allow_downgrade=part.context.allow_downgrade,
+        in_session=True,
+    )
+    if part.context.job_dir:
+        store = part.context.store(part.connector)
+        for record in part_records(verdict):
+            if record.kind != Role.SINK.value:
+                record.write(store)
 
 
 TaskStep = Callable[[Part, Any, Iterator[pa.RecordBatch]], TaskOutcome]
