@@ -92,7 +92,7 @@ SPARK_KAFKA_VERSION = "4.2.0"
 the newest published one. Its ``spark-token-provider-kafka`` dependency is only on Central
 up to 4.0.0 here, so that one is pinned to 4.0.0 (only used for delegation tokens)."""
 TOKEN_PROVIDER_VERSION = "4.0.0"
-SPARK_3_KAFKA = ("3.5.8", "2.12")
+SPARK_3_KAFKA = ("3.5.7", "2.12")
 """The connector for pyspark 3.5 (Scala 2.12): Spark 3.5's Kafka connector and token provider
 of one release, compatible within 3.5.x."""
 CENTRAL = "https://repo.maven.apache.org/maven2"
