@@ -10,7 +10,7 @@ Nothing here imports PySpark's data source API.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -216,7 +216,7 @@ def upsert_and_flush(
 
 
 # -- the driver -------------------------------------------------------------------------------
-def commit_transactional(part: Part, batch: int, outcomes: list[TaskOutcome | None]) -> None:
+def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """The driver's side of a transactional sink's batch: decide and complete it
     (exactly-once), or roll back the strays of failed attempts (less); report the batch."""
     context = part.connector_context(batch=batch)
@@ -242,7 +242,7 @@ def commit_transactional(part: Part, batch: int, outcomes: list[TaskOutcome | No
     part.context.reach("sink.after_commit", batch)
 
 
-def abort_transactional(part: Part, batch: int, outcomes: list[TaskOutcome | None]) -> None:
+def abort_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """Spark gave up on a transactional sink's batch: roll back what its tasks prepared
     (a batch already decided is completed instead)."""
     if part.guarantee != Guarantee.EXACTLY_ONCE:
@@ -257,7 +257,7 @@ def abort_transactional(part: Part, batch: int, outcomes: list[TaskOutcome | Non
         sink.close()
 
 
-def commit_idempotent(part: Part, batch: int, outcomes: list[TaskOutcome | None]) -> None:
+def commit_idempotent(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """The driver's side of an idempotent sink's batch: the tasks' upserts are written
     already; forget old key digests now and then, and report the batch."""
     if part.context.job_dir and batch % 10 == 0:
