@@ -41,7 +41,7 @@ from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan.capabilities import Role
 from epochal.parts.spark_plan.classification import sink_part
 from epochal.parts.spark_plan.judgement import judge, part_records, settled_by_partition
-from epochal.parts.spark_plan.jvm import Jvm, UnreadablePlanError
+from epochal.parts.spark_plan.jvm import Jvm, UnreadablePlanError, private_field
 from epochal.parts.spark_plan.reading import read_started_query
 from epochal.parts.spark_plan.session import session_driver
 from epochal.spark import sink_steps
@@ -172,7 +172,7 @@ class ForeachBatchWriter:
             )
             part.check_target("sink")
             sink.check(fields)
-            judge_query(spark, part)
+            judge_query(frame, part)
             part.record("sink", contract, reason)
             done = sink_steps.start_run(part, sink, contract)
         finally:
@@ -251,12 +251,29 @@ def _roll_back_batch(part: Part, batch: int) -> None:
         sink.close()
 
 
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-"""The local property by which Spark names the streaming query of the thread that runs its
-batches (and so calls the ``foreachBatch`` function)."""
+def query_of(frame: Any) -> tuple[Any, Any] | None:
+    """The session and the JVM ``StreamExecution`` of the streaming query whose micro-batch
+    ``frame`` is, or None when it is not found. Spark runs each query's batches in a session
+    of its own (``StreamExecution.sparkSessionForStream``), and the ``foreachBatch`` frame
+    belongs to it: the query is the active one of the application's session (or of the
+    frame's) whose session for the stream is the frame's."""
+    from pyspark.sql import SparkSession
+
+    batch_session = frame._jdf.sparkSession()
+    sessions = [SparkSession.getActiveSession(), frame.sparkSession]
+    sessions.insert(0, getattr(SparkSession, "_instantiatedSession", None))
+    for session in (s for s in sessions if s is not None):
+        for query in session.streams.active:
+            execution = query._jsq.streamingQuery()
+            try:
+                if private_field(execution, "sparkSessionForStream").equals(batch_session):
+                    return session, execution
+            except Exception:  # py4j: not a field of this Spark's StreamExecution
+                continue
+    return None
 
 
-def judge_query(spark: Any, part: Part) -> None:
+def judge_query(frame: Any, part: Part) -> None:
     """Judge the query's other parts (Spark's sources, the batch relations joined to them)
     against the job's guarantee, as the session check judges a query with an epochal data
     source sink: under exactly-once a part that gives less refuses the run
@@ -265,25 +282,24 @@ def judge_query(spark: Any, part: Part) -> None:
     against the epochal sink this writer drives (a sink that settles each partition needs
     the rows routed by key after Spark's Kafka source). A query whose plan cannot be read is
     named in a warning and runs with only the sink checked."""
-    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-    query = spark.streams.get(query_id) if query_id else None
-    if query is None:
+    found = query_of(frame)
+    if found is None:
         log.warning(
-            "epochal: %s: the foreachBatch function's query is not known here; Spark's own "
+            "epochal: %s: the foreachBatch function's query is not found; Spark's own "
             "sources of it are not judged against job %r's guarantee",
             part.label,
             part.context.job,
         )
         return
+    spark, execution = found
     try:
-        started = read_started_query(spark, query._jsq.streamingQuery())
+        started = read_started_query(spark, execution)
         sink = sink_part(f"epochal.{part.connector}", part.options, Jvm(spark))
     except UnreadablePlanError as exc:
         log.warning(
-            "epochal: %s: query %s could not be read, Spark's own sources of it are not "
+            "epochal: %s: the query could not be read, Spark's own sources of it are not "
             "judged against job %r's guarantee: %s",
             part.label,
-            query_id,
             part.context.job,
             exc,
         )
