@@ -20,10 +20,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from epochal.api import Job, list_jobs
     from epochal.config import JobConfig
+    from epochal.spark.foreach_batch import foreach_batch
     from epochal.state.jobs import JobRecord, JobStatus
     from epochal_sdk import Guarantee
 
-__all__ = ["Guarantee", "Job", "JobConfig", "JobRecord", "JobStatus", "list_jobs", "register"]
+__all__ = [
+    "Guarantee",
+    "Job",
+    "JobConfig",
+    "JobRecord",
+    "JobStatus",
+    "foreach_batch",
+    "list_jobs",
+    "register",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -33,6 +43,7 @@ _LAZY = {
     "JobRecord": "epochal.state.jobs",
     "JobStatus": "epochal.state.jobs",
     "Guarantee": "epochal_sdk",
+    "foreach_batch": "epochal.spark.foreach_batch",
 }
 
 

@@ -96,6 +96,9 @@ SPARK_KAFKA_VERSION = "4.2.0"
 the newest published one. Its ``spark-token-provider-kafka`` dependency is only on Central
 up to 4.0.0 here, so that one is pinned to 4.0.0 (only used for delegation tokens)."""
 TOKEN_PROVIDER_VERSION = "4.0.0"
+SPARK_3_KAFKA = ("3.5.7", "2.12")
+"""The connector for pyspark 3.5 (Scala 2.12): Spark 3.5's Kafka connector and token provider
+of one release, compatible within 3.5.x."""
 CENTRAL = "https://repo.maven.apache.org/maven2"
 PARTITIONS = 2
 VALUE_BYTES = 100
@@ -106,12 +109,12 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <packaging>pom</packaging>
   <dependencies>
     <dependency><groupId>org.apache.spark</groupId>
-      <artifactId>spark-sql-kafka-0-10_2.13</artifactId><version>{spark}</version>
+      <artifactId>spark-sql-kafka-0-10_{scala}</artifactId><version>{spark}</version>
       <exclusions><exclusion><groupId>org.apache.spark</groupId>
-        <artifactId>spark-token-provider-kafka-0-10_2.13</artifactId></exclusion></exclusions>
+        <artifactId>spark-token-provider-kafka-0-10_{scala}</artifactId></exclusion></exclusions>
     </dependency>
     <dependency><groupId>org.apache.spark</groupId>
-      <artifactId>spark-token-provider-kafka-0-10_2.13</artifactId><version>{token}</version>
+      <artifactId>spark-token-provider-kafka-0-10_{scala}</artifactId><version>{token}</version>
     </dependency>
   </dependencies>
 </project>
@@ -124,17 +127,23 @@ _PROVIDED = ("scala-library", "spark-tags", "slf4j-api", "hadoop-client", "jsr30
 
 
 def spark_kafka_jars() -> list[str]:
-    """The jars of Spark's Kafka connector and its runtime dependencies (cached)."""
+    """The jars of Spark's Kafka connector and its runtime dependencies (cached), for the
+    installed pyspark: 4.x's (:data:`SPARK_KAFKA_VERSION`), or 3.5's
+    (:data:`SPARK_3_KAFKA`)."""
+    import pyspark
+
     from integration.harness.cache import cache_dir
 
-    entry = cache_dir() / f"spark-sql-kafka-{SPARK_KAFKA_VERSION}"
+    version, token, scala = SPARK_KAFKA_VERSION, TOKEN_PROVIDER_VERSION, "2.13"
+    if pyspark.__version__.startswith("3."):
+        version, scala = SPARK_3_KAFKA
+        token = version
+    entry = cache_dir() / f"spark-sql-kafka-{version}"
     libs = entry / "libs"
     if not (entry / ".complete").exists():
         shutil.rmtree(entry, ignore_errors=True)
         entry.mkdir(parents=True)
-        (entry / "pom.xml").write_text(
-            _POM.format(spark=SPARK_KAFKA_VERSION, token=TOKEN_PROVIDER_VERSION)
-        )
+        (entry / "pom.xml").write_text(_POM.format(spark=version, token=token, scala=scala))
         (entry / "settings.xml").write_text(_SETTINGS)
         subprocess.run(
             [
@@ -152,7 +161,7 @@ def spark_kafka_jars() -> list[str]:
             check=True,
             timeout=900,
         )
-        (entry / ".complete").write_text(SPARK_KAFKA_VERSION + "\n")
+        (entry / ".complete").write_text(version + "\n")
     return sorted(str(p) for p in libs.glob("*.jar") if not p.name.startswith(_PROVIDED))
 
 

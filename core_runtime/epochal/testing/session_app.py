@@ -27,12 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args[0]
     spec = json.loads(os.environ[SPEC_ENV])
     from epochal import pipelines
-    from epochal.spark.datasource import register
     from epochal.startup.session import SessionProfile, spark_session
     from epochal.testing.scenarios import TEST_SPARK_CONF
 
     spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))
-    register(spark)
+    if _uses_epochal_data_sources(spec):
+        from epochal.spark.datasource import register
+
+        register(spark)
     writer = getattr(pipelines, spec.get("pipeline", "copy"))(spark)
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     try:
@@ -41,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"session app: the query failed: {exc}\n")
         return 1
     return 0
+
+
+def _uses_epochal_data_sources(spec: dict) -> bool:
+    """Whether the pipeline reads or writes an epochal connector as a Spark data source (it
+    then needs ``epochal.register``, and pyspark 4); Spark's own source into a
+    ``foreachBatch`` writer needs neither, and runs on pyspark 3.5 too."""
+    return not (spec.get("source_format") and spec.get("sink_path") == "foreachBatch")
 
 
 if __name__ == "__main__":
