@@ -100,3 +100,57 @@ def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     assert "lost: 0\n" in demo.stdout and "duplicates: 0\n" in demo.stdout, out
     assert "result: exactly-once held" in demo.stdout, out
     assert _run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == pyspark_release
+
+
+FOREACH_BATCH_RELEASE = "3.5.9"
+"""The newest patch of Spark 3.5: no Python data source API, only ``foreachBatch``."""
+FOREACH_BATCH_CASES = ROOT / "integration" / "kafka" / "test_foreach_batch.py"
+
+
+def _requirements_without_pyspark() -> list[str]:
+    """What epochal's distributions require besides pyspark and each other: on a platform
+    whose pyspark is 3.5 they are installed with ``--no-deps`` (docs/how-to/foreach-batch.md)."""
+    import tomllib
+
+    from tests.wheels import DISTRIBUTIONS
+
+    found: set[str] = set()
+    for dist in DISTRIBUTIONS:
+        with open(ROOT / dist / "pyproject.toml", "rb") as fh:
+            for requirement in tomllib.load(fh)["project"].get("dependencies", []):
+                if not requirement.startswith(("pyspark", "epochal")):
+                    found.add(requirement)
+    return sorted(found)
+
+
+def test_foreach_batch_crash_points_on_pyspark_3_5(
+    built_wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    """The ``foreachBatch`` writers' crash cases (Spark's Kafka source into the JDBC 2PC sink,
+    the Kafka sink and an update-mode aggregation into the JDBC upsert sink, and the mutant
+    that writes a replayed batch again) in an environment whose pyspark is 3.5, with epochal's
+    wheels installed beside it without their dependencies, as the docs say."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    done = _run([*pip, f"pyspark=={FOREACH_BATCH_RELEASE}"], tmp_path, 900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wheels = [str(w) for w in built_wheels.values()]
+    done = _run([*pip, "--no-deps", *wheels], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    extra = [*_requirements_without_pyspark(), f"pytest=={pytest.__version__}", "pytest-timeout"]
+    done = _run([*pip, *extra], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == FOREACH_BATCH_RELEASE
+
+    # the checkout's integration package (the harness, the cases) from the root; epochal
+    # itself from the wheels
+    args = ["-p", "no:cacheprovider", "-q", "-p", "no:xdist", "--rootdir", str(ROOT)]
+    args += ["--basetemp", str(tmp_path / "cases"), str(FOREACH_BATCH_CASES)]
+    cases = _run([python, "-m", "pytest", *args], ROOT, 1500)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    assert " passed" in cases.stdout and " failed" not in cases.stdout, out[-6000:]
+    where = _run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
+    assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"
