@@ -267,10 +267,17 @@ class HdfsStore:
         except FileExistsError:
             self._remove(temporary)
             return self._own_write_or_conflict(key, data)
+        except FileNotFoundError:  # a retried rename whose first attempt had moved it
+            if not self._at_version(path, version):
+                raise
         except BaseException:
             self._remove(temporary)
             raise
         return str(version)
+
+    def _at_version(self, path: str, version: int) -> bool:
+        status = self._status(path)
+        return status is not None and status.file_id == version
 
     def _own_write_or_conflict(self, key: str, data: bytes) -> str:
         """After a refused create: identical bytes are our own earlier attempt (every body
@@ -290,9 +297,10 @@ class HdfsStore:
         try:
             self._rename(staged, claim, overwrite=False)
         except FileExistsError:
-            self._remove(staged)
-            self._finish(path, claim, version)  # the winner may have stopped halfway
-            raise PreconditionFailedError(f"hdfs://{self.bucket}{path} changed") from None
+            if not self._claimed_by(path, claim, new_version):  # not a retry of our own
+                self._remove(staged)
+                self._finish(path, claim, version)  # the winner may have stopped halfway
+                raise PreconditionFailedError(f"hdfs://{self.bucket}{path} changed") from None
         except BaseException:
             self._remove(staged)
             raise
@@ -301,6 +309,11 @@ class HdfsStore:
         if random.random() < 1 / 32:
             self._sweep(swaps)
         return str(new_version)
+
+    def _claimed_by(self, path: str, claim: str, new_version: int) -> bool:
+        """Whether the claim holds (or held, and moved over the record) our own new version:
+        a retried rename whose first attempt had taken the claim."""
+        return self._at_version(f"{claim}/data", new_version) or self._at_version(path, new_version)
 
     def _finish(self, path: str, claim: str, version: str) -> bool:
         """Move the claim's file over the record if the record is still at ``version``.
