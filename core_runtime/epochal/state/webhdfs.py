@@ -58,8 +58,11 @@ DEFAULT_HTTP_PORT = 9870
 FORWARDED_ENV = (URL_ENV, USER_ENV)
 """Variables the driver hands on to the executors (only those that are set); none is a
 secret."""
-RETRY_SECONDS = 30.0
-"""How long one call waits for a NameNode that is down, restarting or in safe mode."""
+RETRY_SECONDS = 10.0
+"""How long one call waits for a NameNode that is down, restarting or in safe mode (a lease
+keeper's renewal waits as long: keep it below half the lease's TTL)."""
+HTTP_TIMEOUT = 10.0
+"""Seconds one HTTP request may take."""
 SWAPS = ".epochal-swaps"
 """The hidden directory beside a swapped record that holds its claims and new versions."""
 SWEEP_AFTER = 3600.0
@@ -374,7 +377,7 @@ def _http(method: str, url: str, data: bytes | None = None) -> bytes:
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/octet-stream")
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
         return bytes(response.read())
 
 
