@@ -136,7 +136,11 @@ def test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenod
             attempt = cluster.wait_for_attempt(app_id, 3, STEP)
             assert cluster.node_index(attempt["nodeId"]) != node, "attempt 3 on the lost node"
             wait_until(lambda: jobdir.lease.epoch() == 3, STEP, "attempt 3 to take the lease")
-            taken = next(r for r in jobdir.load().runs if r.get("epoch") == 3)
+            taken = wait_until(  # the lease is taken first, then the run is started
+                lambda: next((r for r in jobdir.load().runs if r.get("epoch") == 3), None),
+                STEP,
+                "attempt 3's run in the job record",
+            )
             waited = float(taken["started"]) - zombie.renewed
             assert waited >= LEASE_TTL, f"taken over {waited:.1f}s after the last renewal"
             seen = _rows_beyond(postgres_db, seen, cluster, app_id)
