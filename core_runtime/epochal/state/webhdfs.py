@@ -76,6 +76,11 @@ _TRANSIENT = (
     "ConnectException",
     "ObserverRetryOnActiveException",
     "IOException",  # a DataNode whose NameNode is away answers with a plain IOException
+    "EOFException",  # ... or with the end of its connection to a NameNode that stopped
+    "SocketException",
+    "SocketTimeoutException",
+    "ConnectTimeoutException",
+    "NoRouteToHostException",
 )
 
 
