@@ -172,6 +172,10 @@ def test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenod
         if cluster.app_state(app_id) not in FINAL_STATES:
             cluster.kill_app(app_id)
 
+    attempts = cluster.attempts(app_id)
+    if len(attempts) > 3:  # the NameNode restart ended attempt 3: say why
+        print(f"attempt 3 ended: {attempts[2].get('diagnosticsInfo', '')[-600:]}")
+        print(_lines_about_the_lease(cluster.logs(app_id, lines=400)))
     found = kafka_to_postgres.table(postgres_db)
     expected = {kafka_to_postgres.record_id(i) for i in range(RECORDS)}
     print(
@@ -182,6 +186,12 @@ def test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenod
         f"restart {restart_took:.1f}s, the test {time.monotonic() - started:.0f}s"
     )
     kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
+
+
+def _lines_about_the_lease(logs: str) -> str:
+    """The containers' log lines that say why a driver stopped."""
+    words = ("lease", "Traceback", "Error:", "HDFS")
+    return "\n".join(line for line in logs.splitlines() if any(w in line for w in words))
 
 
 def _check_the_zombie_wrote_nothing(jobdir: JobDirectory, epoch: int, taken_at: float) -> None:
