@@ -139,7 +139,6 @@ def spark_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
 class _Status:
     file_id: int
     kind: str
-    modified: float
 
 
 class HdfsStore:
@@ -207,7 +206,7 @@ class HdfsStore:
             found = json.loads(self._call("GET", path, "GETFILESTATUS"))["FileStatus"]
         except FileNotFoundError:
             return None
-        return _Status(int(found["fileId"]), str(found["type"]), found["modificationTime"] / 1e3)
+        return _Status(int(found["fileId"]), str(found["type"]))
 
     def _listing(self, path: str) -> list[dict[str, Any]]:
         try:
