@@ -190,8 +190,11 @@ def test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenod
 
 def _lines_about_the_lease(logs: str) -> str:
     """The containers' log lines that say why a driver stopped."""
-    words = ("lease", "Traceback", "Error:", "HDFS")
-    return "\n".join(line for line in logs.splitlines() if any(w in line for w in words))
+    words = ("Exception:", "Error:", "the lease")
+    lines = logs.splitlines()
+    return "\n".join(
+        line for line in lines if " INFO " not in line and any(w in line for w in words)
+    )
 
 
 def _check_the_zombie_wrote_nothing(jobdir: JobDirectory, epoch: int, taken_at: float) -> None:
