@@ -6,6 +6,7 @@ loaded as a plugin (``-p integration.harness.plugin``); see ``docs/contributing/
 
 from integration.harness.plugin import (  # noqa: F401 - re-exported as conftest fixtures/hooks
     _restore_servers,
+    hdfs_server,
     jms_queue,
     jms_server,
     kafka_cluster,

@@ -1,6 +1,6 @@
-"""Download cache for the servers' binaries: Kafka jars and the Artemis distribution.
+"""Download cache for the servers' binaries: Kafka, Artemis, Hadoop (YARN, HDFS, S3A) jars.
 
-Both come from Maven Central through ``mvn`` (its local repository lives inside the cache
+They come from Maven Central through ``mvn`` (its local repository lives inside the cache
 directory too). The cache directory is ``$EPOCHAL_CACHE_DIR`` or
 ``~/.cache/epochal-integration``; an entry is complete once its ``.complete`` marker exists,
 so a second run does no network work. A file lock serialises concurrent fetches.
@@ -310,20 +310,21 @@ def hadoop_aws_jars(version: str | None = None) -> list[Path]:
     return paths
 
 
-# --- Hadoop YARN: a ResourceManager and NodeManagers (integration.harness.yarn) -----------
+# --- Hadoop daemons: YARN (integration.harness.yarn) and HDFS (integration.harness.hdfs) -----
 
-#: The YARN daemons, hadoop-common and hadoop-hdfs-client, with their runtime dependencies
-#: (Hadoop 3.5.0 logs through slf4j-reload4j, which hadoop-common brings along).
-_HADOOP_YARN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+#: A pom whose dependencies are the daemons' artifacts; Maven copies their runtime class path.
+_HADOOP_DAEMONS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>epochal.integration</groupId>
-  <artifactId>hadoop-yarn-classpath</artifactId>
+  <artifactId>hadoop-{kind}-classpath</artifactId>
   <version>1</version>
   <packaging>pom</packaging>
   <dependencies>{dependencies}
   </dependencies>
 </project>
 """
+#: The YARN daemons, hadoop-common and hadoop-hdfs-client, with their runtime dependencies
+#: (Hadoop 3.5.0 logs through slf4j-reload4j, which hadoop-common brings along).
 _HADOOP_YARN_ARTIFACTS = (
     "hadoop-yarn-server-resourcemanager",
     "hadoop-yarn-server-nodemanager",
@@ -332,12 +333,15 @@ _HADOOP_YARN_ARTIFACTS = (
     # the RM's web app binds classes of the timeline service (v2) even when it is off
     "hadoop-yarn-server-timelineservice",
 )
+#: The NameNode and DataNode (hadoop-hdfs) and hadoop-common, with their runtime dependencies.
+_HADOOP_HDFS_ARTIFACTS = ("hadoop-hdfs", "hadoop-common", "hadoop-hdfs-client")
 
 
 def hadoop_yarn_version() -> str:
-    """The Hadoop version of the YARN daemons (``$EPOCHAL_HADOOP_YARN_VERSION`` or pyspark's).
+    """The Hadoop version of the YARN and HDFS daemons (``$EPOCHAL_HADOOP_YARN_VERSION`` or
+    pyspark's).
 
-    Spark's YARN client (``hadoop-client-api``/``-runtime`` in pyspark's ``jars/``) talks to
+    Spark's Hadoop client (``hadoop-client-api``/``-runtime`` in pyspark's ``jars/``) talks to
     daemons of the same Hadoop release.
     """
     return os.environ.get("EPOCHAL_HADOOP_YARN_VERSION") or pyspark_hadoop_version()
@@ -345,13 +349,23 @@ def hadoop_yarn_version() -> str:
 
 def hadoop_yarn_jars(version: str | None = None) -> Path:
     """Directory holding the YARN daemons' jars (fetched with Maven on first use)."""
-    version = version or hadoop_yarn_version()
-    entry = cache_dir() / f"hadoop-yarn-{version}"
+    return _hadoop_daemon_jars("yarn", _HADOOP_YARN_ARTIFACTS, version or hadoop_yarn_version())
+
+
+def hadoop_hdfs_jars(version: str | None = None) -> Path:
+    """Directory holding the NameNode's and DataNode's jars (fetched with Maven on first use)."""
+    return _hadoop_daemon_jars("hdfs", _HADOOP_HDFS_ARTIFACTS, version or hadoop_yarn_version())
+
+
+def _hadoop_daemon_jars(kind: str, artifacts: tuple[str, ...], version: str) -> Path:
+    """``<cache>/hadoop-<kind>-<version>/libs``: ``artifacts`` of Hadoop ``version`` and their
+    runtime dependencies."""
+    entry = cache_dir() / f"hadoop-{kind}-{version}"
     libs = entry / "libs"
     marker = entry / ".complete"
 
     def complete() -> bool:
-        jars = (libs / f"{name}-{version}.jar" for name in _HADOOP_YARN_ARTIFACTS)
+        jars = (libs / f"{name}-{version}.jar" for name in artifacts)
         return marker.exists() and all(jar.is_file() for jar in jars)
 
     if complete():
@@ -365,20 +379,23 @@ def hadoop_yarn_jars(version: str | None = None) -> Path:
         dependencies = "".join(
             "\n    <dependency><groupId>org.apache.hadoop</groupId>"
             f"<artifactId>{name}</artifactId><version>{version}</version></dependency>"
-            for name in _HADOOP_YARN_ARTIFACTS
+            for name in artifacts
         )
-        (entry / "pom.xml").write_text(_HADOOP_YARN_POM.format(dependencies=dependencies))
+        pom = _HADOOP_DAEMONS_POM.format(kind=kind, dependencies=dependencies)
+        (entry / "pom.xml").write_text(pom)
         _mvn(
             [
                 f"{DEPENDENCY_PLUGIN}:copy-dependencies",
                 f"-DoutputDirectory={libs}",
                 "-DincludeScope=runtime",
             ],
-            f"fetching Hadoop YARN {version} jars",
+            f"fetching Hadoop {kind.upper()} {version} jars",
             entry,
         )
         marker.write_text(version + "\n")
         if not complete():
             marker.unlink()
-            raise PrerequisiteError(f"Hadoop YARN {version}: not every jar was fetched into {libs}")
+            raise PrerequisiteError(
+                f"Hadoop {kind.upper()} {version}: not every jar was fetched into {libs}"
+            )
     return libs

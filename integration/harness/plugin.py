@@ -5,7 +5,7 @@
 the rootdir ``conftest.py``.
 
 Session fixtures: ``kafka_server``, ``postgres_server``, ``jms_server`` (and
-``kafka_cluster``, three nodes, only started when a test uses it).
+``kafka_cluster``, three nodes, and ``hdfs_server``, only started when a test uses them).
 Per-test fixtures: ``kafka_topic``, ``postgres_db``, ``jms_queue``.
 """
 
@@ -183,6 +183,14 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[S
 def spark_cluster() -> Iterator[SparkCluster]:
     """A Spark standalone cluster (a master, two 1-core workers); started only when asked."""
     yield from _provide("spark_cluster", start_spark_cluster)
+
+
+@pytest.fixture(scope="session")
+def hdfs_server() -> Iterator[Any]:
+    """A NameNode and a DataNode (local JVMs), shared by the session's tests."""
+    from .hdfs import start_hdfs
+
+    yield from _provide("hdfs_server", start_hdfs)
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,16 @@ application goes through both failures a YARN deployment meets:
    writes nothing (no commit decision of its epoch written after the take-over, nothing
    written through its moved state directory), and it is stopped.
 
-The job's snapshot directory (its lease, records and store) is on the S3 server: the lease
-is taken and renewed with conditional writes. Credentials reach the containers as a file
-readable by its owner only (``AWS_SHARED_CREDENTIALS_FILE``), never on a command line.
+3. **The NameNode restarts** while attempt 3 runs: the job waits for it, or its attempt
+   fails and YARN's next attempt recovers; nothing is lost either way.
+
+The job's snapshot directory (its lease, records and store) and Spark's checkpoint are on the
+harness's HDFS, as a YARN user keeps them: epochal swaps the lease through WebHDFS, Spark
+writes its checkpoint through its own HDFS client.
 
 Then the application is stopped and an independent reader of the table counts every
-Kafka record exactly once; no transaction is left prepared.
+Kafka record exactly once; no transaction is left prepared. The lost, duplicated and
+in-doubt (prepared) counts are printed before they are checked.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import random
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,9 +44,9 @@ import pytest
 from epochal.state.jobs import JobDirectory
 from integration import kafka_to_postgres
 from integration.harness import wait_until
+from integration.harness.hdfs import HdfsServer
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import PostgresDatabase
-from integration.harness.s3 import S3Bucket
 from integration.harness.yarn import FINAL_STATES, YarnCluster, process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -68,18 +73,20 @@ def _rows_beyond(db: PostgresDatabase, count: int, cluster: YarnCluster, app_id:
 
 
 @pytest.mark.kafka_topic(partitions=3)
-def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
+def test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenode_restart(
     yarn_cluster: YarnCluster,
+    hdfs_server: HdfsServer,
     kafka_server: KafkaServer,
     kafka_topic: str,
     postgres_db: PostgresDatabase,
-    s3_bucket: S3Bucket,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cluster, rng = yarn_cluster, random.Random(JOB)
-    snapshots = s3_bucket.url("snapshots")
-    store_env = _object_store_env(s3_bucket, tmp_path)
+    started = time.monotonic()
+    base = f"yarn-{uuid.uuid4().hex[:12]}"
+    snapshots = hdfs_server.url(f"{base}/snapshots")
+    store_env = hdfs_server.env()
     for name, value in store_env.items():  # this process reads the job's lease too
         monkeypatch.setenv(name, value)
     spec = {
@@ -88,7 +95,7 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         "dsn": postgres_db.dsn,
         "job": JOB,
         "snapshot_dir": snapshots,
-        "checkpoint": str(tmp_path / "checkpoint"),
+        "checkpoint": hdfs_server.url(f"{base}/checkpoint"),
         "per_batch": PER_BATCH,
         "lease_ttl": LEASE_TTL,
         "stop": str(tmp_path / "stop"),
@@ -129,7 +136,11 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
             attempt = cluster.wait_for_attempt(app_id, 3, STEP)
             assert cluster.node_index(attempt["nodeId"]) != node, "attempt 3 on the lost node"
             wait_until(lambda: jobdir.lease.epoch() == 3, STEP, "attempt 3 to take the lease")
-            taken = next(r for r in jobdir.load().runs if r.get("epoch") == 3)
+            taken = wait_until(  # the lease is taken first, then the run is started
+                lambda: next((r for r in jobdir.load().runs if r.get("epoch") == 3), None),
+                STEP,
+                "attempt 3's run in the job record",
+            )
             waited = float(taken["started"]) - zombie.renewed
             assert waited >= LEASE_TTL, f"taken over {waited:.1f}s after the last renewal"
             seen = _rows_beyond(postgres_db, seen, cluster, app_id)
@@ -138,17 +149,22 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             cluster.resume_node(node)
-        kafka_to_postgres.produce(kafka_server, kafka_topic, range(2 * third, RECORDS))
         wait_until(
             lambda: not any(process_alive(pid) for pid in frozen), STEP, "the old driver to stop"
         )
+        _check_the_zombie_wrote_nothing(jobdir, zombie.epoch, float(taken["started"]))
+
+        # 3. the NameNode restarted while attempt 3 runs, then the last records produced
+        restart_started = time.monotonic()
+        hdfs_server.restart_namenode()
+        restart_took = time.monotonic() - restart_started
+        kafka_to_postgres.produce(kafka_server, kafka_topic, range(2 * third, RECORDS))
         wait_until(
             lambda: sum(kafka_to_postgres.table(postgres_db).values()) >= RECORDS,
             STEP,
             "every record in the table",
             on_timeout=lambda: cluster.logs(app_id),
         )
-        _check_the_zombie_wrote_nothing(jobdir, zombie.epoch, float(taken["started"]))
         Path(spec["stop"]).touch()
         wait_until(lambda: cluster.app_state(app_id) in FINAL_STATES, STEP, "the app to end")
         assert cluster.app(app_id)["finalStatus"] == "SUCCEEDED", cluster.logs(app_id)
@@ -156,28 +172,34 @@ def test_exactly_once_on_yarn_across_a_driver_kill_and_a_partitioned_driver(
         if cluster.app_state(app_id) not in FINAL_STATES:
             cluster.kill_app(app_id)
 
-    kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
-    print(f"attempts {len(cluster.attempts(app_id))}, lease epochs {jobdir.lease.epoch()}")
-
-
-def _object_store_env(bucket: S3Bucket, tmp_path: Path) -> dict[str, str]:
-    """Where the S3 server is, and a credentials file (0600) instead of secret values."""
-    credentials = tmp_path / "aws-credentials"
-    credentials.touch(mode=0o600)
-    credentials.write_text(
-        f"[default]\naws_access_key_id = {bucket.access_key}\n"
-        f"aws_secret_access_key = {bucket.secret_key}\n"
+    attempts = cluster.attempts(app_id)
+    if len(attempts) > 3:  # the NameNode restart ended attempt 3: say why
+        print(f"attempt 3 ended: {attempts[2].get('diagnosticsInfo', '')[-600:]}")
+        print(_lines_about_the_lease(cluster.logs(app_id, lines=400)))
+    found = kafka_to_postgres.table(postgres_db)
+    expected = {kafka_to_postgres.record_id(i) for i in range(RECORDS)}
+    print(
+        f"lost {len(expected - set(found))}, duplicated "
+        f"{sum(n - 1 for n in found.values() if n > 1)}, in doubt "
+        f"{len(kafka_to_postgres.prepared(postgres_db))}; attempts "
+        f"{len(cluster.attempts(app_id))}, lease epoch {jobdir.lease.epoch()}, NameNode "
+        f"restart {restart_took:.1f}s, the test {time.monotonic() - started:.0f}s"
     )
-    return {
-        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
-        "AWS_REGION": bucket.region,
-        "AWS_ENDPOINT_URL": bucket.endpoint_url,
-    }
+    kafka_to_postgres.assert_exactly_once(postgres_db, RECORDS)
+
+
+def _lines_about_the_lease(logs: str) -> str:
+    """The containers' log lines that say why a driver stopped."""
+    words = ("Exception:", "Error:", "the lease")
+    lines = logs.splitlines()
+    return "\n".join(
+        line for line in lines if " INFO " not in line and any(w in line for w in words)
+    )
 
 
 def _check_the_zombie_wrote_nothing(jobdir: JobDirectory, epoch: int, taken_at: float) -> None:
-    """No commit decision of the old driver's epoch written after the take-over (on the
-    object store every write of a fenced run is refused by the lease check)."""
+    """No commit decision of the old driver's epoch written after the take-over (on HDFS,
+    as on an object store, every write of a fenced run is refused by the lease check)."""
     store = jobdir.store
     late = []
     for sink in store.list_dirs("sinks"):

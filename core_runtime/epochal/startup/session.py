@@ -16,7 +16,7 @@ from typing import Any
 
 from epochal.base import processes, secrets
 from epochal.parts.registry import EXTRA_PLUGINS_ENV
-from epochal.state import objectstore
+from epochal.state import objectstore, webhdfs
 from epochal.state.jobs import JobRecord
 from epochal_sdk.errors import STARTING_ENV
 
@@ -119,6 +119,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
     if profile.master.startswith("local-cluster"):
         settings.update({"spark.executor.memory": "600m", "spark.task.maxFailures": "4"})
     settings.update(objectstore.spark_conf())  # s3a:// checkpoints, executors' store
+    settings.update(webhdfs.spark_conf())  # the executors' store on hdfs://
     settings.update(session_conf(profile.master))  # state files linked, not copied
     conf = dict(profile.spark_conf)
     private = private_settings(conf)

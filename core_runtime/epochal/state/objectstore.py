@@ -52,6 +52,9 @@ from epochal_sdk import ConfigError
 
 SCHEMES = ("s3", "s3a")
 """URI schemes served by this module (``s3a`` is Hadoop's name for the same store)."""
+HDFS_SCHEME = "hdfs"
+"""HDFS, served by :mod:`epochal.state.webhdfs` with the same layout: a job's state at one
+shared prefix, records swapped with a compare-and-swap (:func:`has_conditional_writes`)."""
 ENDPOINT_ENV = "EPOCHAL_S3_ENDPOINT"
 PATH_STYLE_ENV = "EPOCHAL_S3_PATH_STYLE"
 FORWARDED_ENV = (
@@ -92,6 +95,14 @@ def is_object_store(path: str) -> bool:
     return urlsplit(path).scheme.lower() in SCHEMES and "://" in path
 
 
+def has_conditional_writes(path: str) -> bool:
+    """Whether ``path`` is on a store whose records epochal swaps with conditional writes
+    instead of a lock and renamed state directories: S3 (this module) or HDFS
+    (:mod:`epochal.state.webhdfs`)."""
+    scheme = urlsplit(path).scheme.lower()
+    return "://" in path and (scheme in SCHEMES or scheme == HDFS_SCHEME)
+
+
 def split_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` → ``("bucket", "some/prefix")``."""
     parts = urlsplit(uri)
@@ -130,9 +141,10 @@ def shared_state_dir(state_dir: str) -> str:
     every object, then a delete), so there every epoch's state stays at one fixed prefix,
     ``<job>/state``, and the epoch in the path is only a name: a store anchored to it is
     fenced by the lease (its state epoch must still be that one), not by the directory's
-    presence. Paths that are not an epoch's directory are returned unchanged.
+    presence. HDFS keeps the same layout (one fencing scheme for every store with
+    conditional writes). Paths that are not an epoch's directory are returned unchanged.
     """
-    if not is_object_store(state_dir):
+    if not has_conditional_writes(state_dir):
         return state_dir
     match = _EPOCH_DIR.match(state_dir.rstrip("/"))
     return f"{match.group('job')}/{SHARED_STATE}" if match else state_dir

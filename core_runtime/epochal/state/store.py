@@ -19,8 +19,10 @@ compare-and-swap (:func:`get_versioned_record`, :func:`put_versioned_record`). A
 cannot move a directory, so there every epoch's state lives at one shared prefix
 (:func:`~epochal.state.objectstore.shared_state_dir`) and an anchored store is fenced by the lease:
 each write and delete first checks that the job's lease still shows the anchor's epoch.
-Other ``pyarrow.fs`` file systems (HDFS, GCS, …) have no conditional writes here: an
-exclusive write is a check, then a write.
+``hdfs://`` goes through :mod:`epochal.state.webhdfs` with the same layout and the same
+contract: create-if-absent and compare-and-swap built from the NameNode's atomic renames.
+Other ``pyarrow.fs`` file systems (GCS, …) have no conditional writes here: an exclusive
+write is a check, then a write.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from epochal.base import files
-from epochal.state import objectstore
+from epochal.state import objectstore, webhdfs
 from epochal.state.layout import LEASE_RECORD
 from epochal.state.lease.record import Lease
 from epochal_sdk import SnapshotError
@@ -73,7 +75,7 @@ class SnapshotStore:
     """Entries (self-checking files) under one root directory.
 
     Args:
-        root: a local path, an ``s3://`` URI or another ``pyarrow.fs`` URI.
+        root: a local path, an ``s3://`` or ``hdfs://`` URI or another ``pyarrow.fs`` URI.
         anchor: a directory that must exist for any read or write (the run's state
             directory); when it is gone the store raises :class:`StateMovedError`. On an
             object store the anchor is an epoch's directory ``<job>/epochs/<n>``: the store
@@ -83,10 +85,10 @@ class SnapshotStore:
 
     def __init__(self, root: str, *, anchor: str | None = None) -> None:
         self.root = root.rstrip("/")
-        self.objects: objectstore.ObjectStore | None = None
+        self.objects: objectstore.ObjectStore | webhdfs.HdfsStore | None = None
         self._lease_key: str | None = None
         self._anchor_epoch = 0
-        if objectstore.is_object_store(root):
+        if objectstore.has_conditional_writes(root):
             self._init_object_store(anchor)
             return
         if "://" in root:
@@ -97,8 +99,9 @@ class SnapshotStore:
         self.anchor = (os.path.abspath(anchor) if self.local else anchor) if anchor else None
 
     def _init_object_store(self, anchor: str | None) -> None:
-        """An ``s3://`` root. Anchored to an epoch's directory ``<job>/epochs/<n>``, the
-        store lives at the job's shared state prefix and checks the lease's epoch."""
+        """An ``s3://`` or ``hdfs://`` root. Anchored to an epoch's directory
+        ``<job>/epochs/<n>``, the store lives at the job's shared state prefix and checks the
+        lease's epoch."""
         root = self.root
         self.anchor = anchor.rstrip("/") if anchor else None
         if self.anchor:
@@ -106,9 +109,11 @@ class SnapshotStore:
             if leased is not None and (root == self.anchor or root.startswith(self.anchor + "/")):
                 job, self._anchor_epoch = leased
                 root = objectstore.shared_state_dir(self.anchor) + root[len(self.anchor) :]
-                self._lease_key = objectstore.split_uri(f"{job}/{LEASE_RECORD}")[1]
-        bucket, prefix = objectstore.split_uri(root)
-        self.objects = objectstore.ObjectStore(bucket)
+                self._lease_key = _split(f"{job}/{LEASE_RECORD}")[1]
+        bucket, prefix = _split(root)
+        self.objects = (
+            webhdfs.HdfsStore(bucket) if webhdfs.is_hdfs(root) else objectstore.ObjectStore(bucket)
+        )
         self.fs = None
         self.local = False
         self.base = f"{bucket}/{prefix}".rstrip("/")
@@ -118,7 +123,7 @@ class SnapshotStore:
 
     @property
     def conditional(self) -> bool:
-        """Whether records can be swapped with a compare-and-swap (an object store)."""
+        """Whether records can be swapped with a compare-and-swap (S3 or HDFS)."""
         return self.objects is not None
 
     def _path(self, key: str) -> str:
@@ -359,6 +364,11 @@ class SnapshotStore:
         return checked, problems
 
 
+def _split(uri: str) -> tuple[str, str]:
+    """``(bucket, key)`` of an ``s3://`` URI, ``(namenode, path)`` of an ``hdfs://`` one."""
+    return webhdfs.split_uri(uri) if webhdfs.is_hdfs(uri) else objectstore.split_uri(uri)
+
+
 def _mismatch(manifest: Manifest, data: bytes) -> str:
     if len(data) != manifest.size:
         return f"size {len(data)} bytes, header says {manifest.size}"
@@ -407,8 +417,8 @@ class RecordChangedError(Exception):
 
 def get_versioned_record(store: SnapshotStore, key: str) -> tuple[Any | None, str | None]:
     """A record and its version (for :func:`put_versioned_record`); ``(None, None)`` when
-    there is none. Object stores only (:attr:`SnapshotStore.conditional`)."""
-    assert store.objects is not None, "versioned records need an object store"
+    there is none. Stores with conditional writes only (:attr:`SnapshotStore.conditional`)."""
+    assert store.objects is not None, "versioned records need conditional writes"
     try:
         found = store.objects.get(store._key(store._path(key)))
     except FileNotFoundError:
@@ -420,8 +430,8 @@ def put_versioned_record(store: SnapshotStore, key: str, value: Any, version: st
     """Write a record only if it is still at ``version`` (``None``: only if there is none
     yet): a compare-and-swap. Returns the new version; raises :class:`RecordChangedError`
     when another writer was first. ``value`` must differ from every earlier value (carry a
-    time stamp or a counter): versions are content digests."""
-    assert store.objects is not None, "versioned records need an object store"
+    time stamp or a counter): versions are content digests on S3."""
+    assert store.objects is not None, "versioned records need conditional writes"
     store.check_anchor()
     try:
         return store.objects.put(

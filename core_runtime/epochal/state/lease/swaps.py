@@ -4,9 +4,10 @@ holder is waited out, up to its TTL; one proven dead is taken over at once, and 
 its drivers on this host is ended). The record itself is :mod:`epochal.state.lease.record`.
 
 On a local file system the lease is swapped under the job's lock file; on an object store
-(``s3://``) with a compare-and-swap on its version (whoever swaps first owns the job; the other
-re-reads and is refused, or waits). The state stays at ``<job>/state/{checkpoint,store}`` on an
-object store (nothing is renamed; see :mod:`epochal.state.lease.fence`).
+(``s3://``) or HDFS (``hdfs://``) with a compare-and-swap on its version (whoever swaps first
+owns the job; the other re-reads and is refused, or waits). The state stays at
+``<job>/state/{checkpoint,store}`` there (nothing is renamed; see
+:mod:`epochal.state.lease.fence`).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class JobLease:
                 f"job {self.name!r}: its snapshot directory {self.snapshot_dir!r} is on a file "
                 "system where epochal cannot swap the job's lease atomically (it has no lock "
                 "and no conditional write here), so two drivers could both hold the job. Put "
-                "the snapshot directory on a local or shared POSIX path, or on s3://"
+                "the snapshot directory on a local or shared POSIX path, on s3:// or on hdfs://"
             )
         with self._locked("lease") as still_locked:
             current = self.read()
