@@ -31,9 +31,12 @@ from epochal.parts.spark_plan import (
     session_driver,
     session_verdict_path,
 )
+from epochal.state.jobs import JobDirectory
 from epochal.state.layout import JobLayout
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
+from epochal_map.testing import MapSinkUnderTest
+from epochal_sdk import TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -268,3 +271,64 @@ def test_a_plain_session_query_below_its_guarantee_runs_with_a_warning(
         and "refused" not in w
         for w in warnings
     ), warnings
+
+
+# --- plain sessions: a query started again in its driver -----------------------------------
+
+
+def _counts(map_path: str, expected: int) -> tuple[int, int, list[str]]:
+    """Lost and duplicated records of the map sink's output journal, and what is in doubt."""
+    committed = MapSinkUnderTest(map_path).committed("transactional")
+    keys = [key for key, _ in committed]
+    lost = expected - len(set(keys))
+    return lost, len(keys) - len(set(keys)), MapSinkUnderTest(map_path).in_doubt()
+
+
+def _session_copy(session: Any, map_path: str, checkpoint: Path, **job: str) -> Any:
+    """The plain-session copy query (map journal → map 'output', exactly-once), started."""
+    return (
+        _session_events(session, map_path, **job)
+        .writeStream.format("epochal.map")
+        .option("path", map_path)
+        .option("map", "output")
+        .option("mode", "transactional")
+        .options(**job)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_a_query_started_again_in_its_driver_takes_a_new_run_and_settles_its_strays(
+    session: Any, tmp_path: Path, map_path: str
+) -> None:
+    snapshots, checkpoint = str(tmp_path / "snapshots"), tmp_path / "checkpoint"
+    job = {"epochal.job": "again", "epochal.snapshotDir": snapshots}
+    # The second batch's first task dies after it prepared (its Python worker killed): the
+    # query fails, the JVM lives on; the batch's other tasks are aborted, the dead task's
+    # transaction is left prepared (a stray of run 1).
+    failed = _session_copy(
+        session, map_path, checkpoint, **job, **{"epochal.faults": "sink.after_prepare@1:worker"}
+    )
+    with pytest.raises(Exception, match="Python worker"):
+        failed.awaitTermination()
+    strays = MapSinkUnderTest(map_path).in_doubt()
+    assert strays and all(TransactionId.of(s).run == 1 for s in strays), strays
+    jobdir = JobDirectory(snapshots, "again")
+    assert jobdir.load().run == 1
+
+    # Started again in the same driver JVM (a Connect client's retry, a loop in the app): a
+    # new run, whose start-of-run recovery rolls the stray back before the batch is replayed.
+    _session_copy(session, map_path, checkpoint, **job).awaitTermination()
+    record = jobdir.load()
+    assert record.run == 2 and jobdir.lease.epoch() == 1, record.runs
+    assert record.runs[0]["outcome"] == "its query stopped and was started again in the same driver"
+    with MapStore(map_path) as store:
+        assert {store.transaction_state(s) for s in strays} == {"rolled_back"}
+    lost, duplicated, in_doubt = _counts(map_path, 200)
+    assert (lost, duplicated, in_doubt) == (0, 0, []), (lost, duplicated, in_doubt)
+    protocol = (Path(jobdir.path) / "logs" / "protocol.log").read_text()
+    assert (
+        "recovery at the start of run 2: finished 0 decided batch(es) [], "
+        f"rolled back {len(strays)}" in protocol
+    ), protocol

@@ -134,6 +134,31 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert jobdir.load().runs[0]["outcome"] == "its driver ended"
 
 
+def test_every_start_of_the_query_in_one_driver_after_the_first_takes_a_new_run(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    _, driver = drivers()
+    options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
+
+    def start() -> JobContext:  # the planner of the query's sink, at a start of the query
+        return JobContext.current(options).holding_the_lease(options, driver, query_start=True)
+
+    assert (_context(snapshots, driver).run, start().run) == (1, 1)  # the keeper's run
+    assert _context(snapshots, driver).run == 1  # a batch's planner: no new run
+    restarted = start()  # the query stopped and is started again in the same JVM
+    assert (restarted.lease_epoch, restarted.run) == (1, 2)
+    assert _context(snapshots, driver).run == 2  # every later planner of it: the new run
+    assert start().run == 3
+    record = JobDirectory(snapshots, JOB).load()
+    assert record.run == 3 and [r["run"] for r in record.runs] == [1, 2, 3]
+    assert [r.get("outcome") for r in record.runs] == [
+        "its query stopped and was started again in the same driver",
+        "its query stopped and was started again in the same driver",
+        None,
+    ]
+
+
 def test_a_live_driver_keeps_the_job_from_a_second_one(
     tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:

@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict
@@ -41,7 +40,14 @@ from dataclasses import asdict
 from epochal.base import files
 from epochal.config import JobConfig
 from epochal.state.lease.record import LEASE_TTL, SESSION, new_owner
-from epochal.state.lease.session import KEEPER_MODULE, DriverJvm, Holding, write_record
+from epochal.state.lease.session import (
+    KEEPER_MODULE,
+    DriverJvm,
+    Holding,
+    begin_run,
+    read_record,
+    write_record,
+)
 from epochal_sdk import Guarantee
 from epochal_sdk.errors import FencedError
 
@@ -113,38 +119,17 @@ class Keeper:
 
     def start_run(self) -> None:
         """A new run of the job under this epoch, in the job's record (made if missing)."""
-        from epochal.state.jobs import JobRecord, JobStatus
+        from epochal.state.jobs import JobRecord
 
-        fence = self.jobdir.fence(self.epoch)
-        driver = {
-            "pid": self.driver.pid,
-            "host": socket.gethostname(),
-            "epoch": self.epoch,
-            "holder": SESSION,
-            "keeper_pid": os.getpid(),
-        }
         if not self.jobdir.exists():
             config = JobConfig(
                 guarantee=self.guarantee,
                 snapshot_dir=self.jobdir.snapshot_dir,
                 lease_ttl=self.ttl,
             )
-            fence.check("creating the job record")
+            self.jobdir.fence(self.epoch).check("creating the job record")
             self.jobdir.save(JobRecord(name=self.jobdir.name, target="", config=config.to_dict()))
-        with self.jobdir.update(fence) as current:
-            current.run += 1
-            current.status = JobStatus.RUNNING
-            current.driver = driver
-            current.add_run(
-                {
-                    "run": current.run,
-                    "epoch": self.epoch,
-                    "kind": SESSION,
-                    "started": time.time(),
-                    "driver_pid": self.driver.pid,
-                }
-            )
-            self.run = current.run
+        self.run = begin_run(self.jobdir, self.epoch, self.driver, keeper=os.getpid())
         holding = Holding(
             self.epoch, self.run, self.owner, os.getpid(), self.driver.pid, self.driver.started
         )
@@ -195,8 +180,9 @@ class Keeper:
         from epochal.state.locks import JobError
 
         fence = self.jobdir.fence(self.epoch)
+        current_run = int((read_record(self.record) or {}).get("run") or self.run)
         with contextlib.suppress(JobError, FencedError, OSError), self.jobdir.update(fence) as run:
-            entry = run.run_entry(self.run)
+            entry = run.run_entry(current_run)
             if entry is not None:
                 entry["ended"] = time.time()
                 entry["outcome"] = why

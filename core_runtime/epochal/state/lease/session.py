@@ -18,12 +18,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epochal.base import files, processes
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import LEASE_TTL
 from epochal_sdk import EpochalError, Guarantee
+
+if TYPE_CHECKING:
+    from epochal.state.jobs import JobDirectory
 
 KEEPER_MODULE = "epochal.control.lease_keeper"
 """The lease keeper's module, run as a process of its own."""
@@ -90,19 +93,30 @@ def lease_ttl(options: dict[str, str]) -> float:
 
 
 def hold(
-    layout: JobLayout, guarantee: Guarantee, ttl: float, driver: DriverJvm | None = None
+    layout: JobLayout,
+    guarantee: Guarantee,
+    ttl: float,
+    driver: DriverJvm | None = None,
+    *,
+    query_start: bool = False,
 ) -> Holding:
     """The job's lease as this process's driver (``driver``: default, the JVM this process
     runs under) holds it: read from the driver's record, or taken now by a new keeper
     (waiting out a live holder's TTL). Raises :class:`LeaseNotHeldError` when another driver
-    keeps the job."""
+    keeps the job.
+
+    ``query_start``: the job's query starts now (Spark plans its epochal sink). The first
+    start in a driver JVM runs as the run the keeper began with the lease; every later start
+    (the query stopped or failed and was started again in the same JVM) begins a new run
+    (:func:`begin_run`), so that its sinks' start-of-run recovery settles what the stopped
+    query left prepared, as a new driver's would, and no transaction id is used twice."""
     driver = driver or DriverJvm.current()
     files.makedirs(layout.sessions)
     path = os.path.join(layout.sessions, f"{driver.key}.json")
     with _locked(path + ".lock"):
-        found = _read(path)
+        found = read_record(path)
         if found is not None and "epoch" in found and processes.alive(int(found["keeper"])):
-            return _holding(found)
+            return _holding(_claimed(layout, path, found) if query_start else found)
         if found is not None and found.get("lost"):
             raise LeaseNotHeldError(str(found["lost"]))
         with contextlib.suppress(FileNotFoundError):
@@ -110,10 +124,10 @@ def hold(
         keeper = _start_keeper(layout, driver, guarantee, ttl, path)
         deadline = time.monotonic() + ttl + START_GRACE_SECONDS
         while time.monotonic() < deadline:
-            found = _read(path)
+            found = read_record(path)
             if found is not None:
                 if "epoch" in found:
-                    return _holding(found)
+                    return _holding(_claimed(layout, path, found) if query_start else found)
                 raise LeaseNotHeldError(str(found.get("error") or found.get("lost")))
             if keeper.poll() is not None:
                 raise LeaseNotHeldError(
@@ -126,6 +140,68 @@ def hold(
             f"job {layout.name!r}: the job's lease was not taken within {ttl:.0f}s + "
             f"{START_GRACE_SECONDS:.0f}s; see {layout.logs}/session-{driver.pid}.log"
         )
+
+
+QUERY_STARTED = "query_started"
+"""In a session record: whether a start of the job's query runs as the record's run (a
+later start begins a new run)."""
+
+
+def _claimed(layout: JobLayout, path: str, found: dict[str, Any]) -> dict[str, Any]:
+    """The session record ``found`` at ``path`` claimed by a start of the job's query: its
+    run, if no start ran as it yet, else a new run (:func:`begin_run`). Called under the
+    record's lock."""
+    from epochal.state.jobs import JobDirectory
+
+    if found.get(QUERY_STARTED):
+        jobdir = JobDirectory(layout.snapshot_dir, layout.name)
+        run = begin_run(
+            jobdir,
+            int(found["epoch"]),
+            DriverJvm(int(found["driver"]), int(found["driver_started"])),
+            keeper=int(found["keeper"]),
+            previous=int(found["run"]),
+        )
+        found = {**found, "run": run}
+    found = {**found, QUERY_STARTED: True}
+    write_record(path, found)
+    return found
+
+
+def begin_run(
+    jobdir: JobDirectory, epoch: int, driver: DriverJvm, *, keeper: int, previous: int = 0
+) -> int:
+    """Begin a new run of a session driver's job under lease ``epoch`` in the job's record
+    (fenced: a driver that lost the lease begins nothing): its number, the driver and its
+    keeper, a history entry; ``previous``, the run of this driver whose query stopped, is
+    noted as ended. Returns the new run's number."""
+    from epochal.state.jobs import JobStatus
+    from epochal.state.lease.record import SESSION
+
+    with jobdir.update(jobdir.fence(epoch)) as current:
+        ended = current.run_entry(previous) if previous else None
+        if ended is not None and "ended" not in ended:
+            ended["ended"] = time.time()
+            ended["outcome"] = "its query stopped and was started again in the same driver"
+        current.run += 1
+        current.status = JobStatus.RUNNING
+        current.driver = {
+            "pid": driver.pid,
+            "host": socket.gethostname(),
+            "epoch": epoch,
+            "holder": SESSION,
+            "keeper_pid": keeper,
+        }
+        current.add_run(
+            {
+                "run": current.run,
+                "epoch": epoch,
+                "kind": SESSION,
+                "started": time.time(),
+                "driver_pid": driver.pid,
+            }
+        )
+        return current.run
 
 
 def _holding(found: dict[str, Any]) -> Holding:
@@ -169,7 +245,8 @@ def _locked(path: str) -> Any:
         os.close(fd)
 
 
-def _read(path: str) -> dict[str, Any] | None:
+def read_record(path: str) -> dict[str, Any] | None:
+    """The session record at ``path``, or None when there is none (or it is torn)."""
     try:
         with open(path) as fh:
             return dict(json.load(fh))
