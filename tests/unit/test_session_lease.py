@@ -30,7 +30,17 @@ from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory, JobStatus
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import SESSION
-from epochal.state.lease.session import DriverJvm, LeaseNotHeldError, hold
+from epochal.state.lease.session import (
+    LOST,
+    STOPPED,
+    WATCHER,
+    DriverJvm,
+    LeaseNotHeldError,
+    hold,
+    read_record,
+    record_path,
+    update_record,
+)
 from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
@@ -210,6 +220,40 @@ def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
     assert old_proc.wait(30) == -signal.SIGKILL, "the old keeper must stop its driver"
     _protocol(sink, owner).commit_batch(5, [newer])
     assert sink.in_doubt(RecoveryScope(PREFIX)) == []
+
+
+def test_a_keeper_that_lost_the_lease_waits_for_the_query_fence_then_kills_as_last_resort(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    """The keeper's side of the fence that stops one query: a driver whose records a query
+    fence watches (here this test, standing for the driver's fence: it notes the query
+    stopped) is not killed when its lease is taken over; one whose fence does not answer
+    within a quarter TTL is killed."""
+    snapshots = str(tmp_path / "snapshots")
+    layout = JobLayout(snapshots, JOB)
+    for answers in (True, False):
+        proc, driver = drivers()
+        _context(snapshots, driver)
+        record = record_path(layout, driver)
+        held = update_record(record, **{WATCHER: os.getpid()})
+        assert held is not None
+        os.kill(int(held["keeper"]), signal.SIGSTOP)
+        other_proc, other = drivers()
+        _context(snapshots, other)  # takes the job over once the paused keeper's lease expired
+        os.kill(int(held["keeper"]), signal.SIGCONT)
+        _wait(lambda at=record: (read_record(at) or {}).get(LOST), "the lease marked lost")
+        if answers:
+            update_record(record, **{STOPPED: time.time()})
+            keeper = int(held["keeper"])
+            _wait(lambda pid=keeper: not processes.alive(pid), "the keeper to exit")
+            assert proc.poll() is None, "the driver was killed although its query stopped"
+        else:
+            assert proc.wait(30) == -signal.SIGKILL, "the last resort: the driver's JVM killed"
+        with pytest.raises(LeaseNotHeldError, match="this driver stopped the job's query"):
+            _context(snapshots, driver)  # every later planner of the job in that driver
+        proc.kill()
+        other_proc.kill()  # the job's next holder in the loop takes it at once
+        _wait(lambda: JobDirectory(snapshots, JOB).lease.read().renewed == 0.0, "a release")
 
 
 def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:

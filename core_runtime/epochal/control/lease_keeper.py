@@ -37,15 +37,20 @@ import sys
 import time
 from dataclasses import asdict
 
-from epochal.base import files
+from epochal.base import files, processes
 from epochal.config import JobConfig
 from epochal.state.lease.record import LEASE_TTL, SESSION, new_owner
 from epochal.state.lease.session import (
     KEEPER_MODULE,
+    LOST,
+    STOPPED,
+    WATCHER,
     DriverJvm,
     Holding,
     begin_run,
+    query_stop_bound,
     read_record,
+    update_record,
     write_record,
 )
 from epochal_sdk import Guarantee
@@ -166,8 +171,33 @@ class Keeper:
             time.sleep(POLL_SECONDS)
 
     def stop_driver(self, why: str) -> int:
-        """The driver may no longer act: kill its JVM (and with it every query it runs)."""
-        write_record(self.record, {"lost": f"job {self.jobdir.name!r}: {why}; this driver stopped"})
+        """The driver may no longer act for the job: say so in the session record (every
+        planner of the job in the driver is refused from here), and have the driver's query
+        fence stop the job's query (:mod:`epochal.spark.query_fence`), so that the driver's
+        other queries go on. Only when no fence watches the record, or the query did not
+        stop within :func:`~epochal.state.lease.session.query_stop_bound`, the driver's JVM
+        is killed (and with it every query it runs): the last resort."""
+        lost = f"job {self.jobdir.name!r}: {why}; this driver stopped the job's query"
+        record = update_record(self.record, **{LOST: lost})
+        if record is None:  # lost before the run began: the planner waiting for it fails
+            write_record(self.record, {LOST: lost})
+            self.say(f"{why}: no query of the job started in this driver")
+            return 3
+        watcher = int(record.get(WATCHER) or 0)
+        if watcher and processes.alive(watcher) and self.driver.alive:
+            bound = query_stop_bound(self.ttl)
+            self.say(f"{why}: the driver's query fence stops the job's query (up to {bound:.1f}s)")
+            started = time.monotonic()
+            while time.monotonic() - started < bound:
+                found = read_record(self.record) or {}
+                if found.get(STOPPED) or int(found.get("keeper") or 0) != os.getpid():
+                    took = time.monotonic() - started
+                    self.say(f"the job's query stopped in {took:.2f}s; the driver goes on")
+                    return 3
+                if not self.driver.alive:
+                    return 3
+                time.sleep(POLL_SECONDS / 4)
+            why = f"{why}, and the job's query did not stop within {bound:.1f}s"
         self.say(f"{why}: killing the driver's JVM (pid {self.driver.pid})")
         if self.driver.alive:
             with contextlib.suppress(ProcessLookupError):

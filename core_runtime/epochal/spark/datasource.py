@@ -22,6 +22,7 @@ from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
 from epochal.spark.common import Part, sdk_schema
+from epochal.spark.query_fence import QueryFence
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
 from epochal.state.lease.session import DriverJvm
@@ -259,16 +260,20 @@ _SESSION_CHECK = "_epochal_session_check"
 
 class _SessionCheck(StreamingQueryListener):
     """Checks each query of a plain session when it starts, before Spark plans its sources and
-    sink (Spark calls ``onQueryStarted`` synchronously there)."""
+    sink (Spark calls ``onQueryStarted`` synchronously there), and has the session's query
+    fence (:class:`~epochal.spark.query_fence.QueryFence`) watch the job's lease for it."""
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self.driver: DriverJvm | None = None
+        self.fence = QueryFence(spark)
 
     def onQueryStarted(self, event: Any) -> None:
         try:
             self.driver = self.driver or session_driver(self.spark)
-            check_session_query(self.spark, str(event.id), self.driver)
+            verdict = check_session_query(self.spark, str(event.id), self.driver)
+            if verdict is not None and verdict.get("session_record"):
+                self.fence.watch(str(verdict["session_record"]), str(event.id))
         except Exception as exc:  # the check must not break the query; say what it missed
             log.warning(
                 "epochal: query %s could not be checked, Spark's own sources and sinks of it "
@@ -285,7 +290,7 @@ class _SessionCheck(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        self.fence.forget(str(event.id))
 
 
 def _refuse_what_the_session_check_refused(context: JobContext) -> None:

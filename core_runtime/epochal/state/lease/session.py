@@ -109,16 +109,24 @@ def hold(
     start in a driver JVM runs as the run the keeper began with the lease; every later start
     (the query stopped or failed and was started again in the same JVM) begins a new run
     (:func:`begin_run`), so that its sinks' start-of-run recovery settles what the stopped
-    query left prepared, as a new driver's would, and no transaction id is used twice."""
+    query left prepared, as a new driver's would, and no transaction id is used twice.
+    Once the driver lost the lease (:data:`LOST` in its record) every planner of the job
+    is refused, but a new start of the query takes the lease again through a new keeper
+    (waiting out the holder that took it)."""
     driver = driver or DriverJvm.current()
     files.makedirs(layout.sessions)
-    path = os.path.join(layout.sessions, f"{driver.key}.json")
+    path = record_path(layout, driver)
     with _locked(path + ".lock"):
         found = read_record(path)
-        if found is not None and "epoch" in found and processes.alive(int(found["keeper"])):
+        if found is not None and found.get(LOST) and not query_start:
+            raise LeaseNotHeldError(str(found[LOST]))
+        if (
+            found is not None
+            and "epoch" in found
+            and not found.get(LOST)
+            and processes.alive(int(found["keeper"]))
+        ):
             return _holding(_claimed(layout, path, found) if query_start else found)
-        if found is not None and found.get("lost"):
-            raise LeaseNotHeldError(str(found["lost"]))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         keeper = _start_keeper(layout, driver, guarantee, ttl, path)
@@ -128,7 +136,7 @@ def hold(
             if found is not None:
                 if "epoch" in found:
                     return _holding(_claimed(layout, path, found) if query_start else found)
-                raise LeaseNotHeldError(str(found.get("error") or found.get("lost")))
+                raise LeaseNotHeldError(str(found.get("error") or found.get(LOST)))
             if keeper.poll() is not None:
                 raise LeaseNotHeldError(
                     f"job {layout.name!r}: the lease keeper ended ({keeper.returncode}) "
@@ -140,6 +148,44 @@ def hold(
             f"job {layout.name!r}: the job's lease was not taken within {ttl:.0f}s + "
             f"{START_GRACE_SECONDS:.0f}s; see {layout.logs}/session-{driver.pid}.log"
         )
+
+
+LOST = "lost"
+"""In a session record: why the driver may no longer act for the job (its keeper found the
+lease taken over or unrenewable, or the keeper died); written by the keeper (or by the
+driver's query fence when the keeper died)."""
+WATCHER = "watcher"
+"""In a session record: the pid of the driver's process whose query fence watches the record
+(:mod:`epochal.spark.query_fence`): it stops the job's query when the lease is lost."""
+STOPPED = "stopped"
+"""In a session record: when the query fence stopped the job's queries after a loss."""
+QUERY_STOP_FRACTION = 4
+"""A lost lease's query must stop within TTL/4 (:func:`query_stop_bound`)."""
+
+
+def query_stop_bound(ttl: float) -> float:
+    """How long a keeper that lost its lease waits for the driver's query fence to stop the
+    job's query before it kills the driver's JVM (the last resort): a quarter of the TTL. A
+    keeper gives up after half a TTL unrenewed, so the query is stopped, or the JVM killed,
+    within three quarters of the TTL after the last renewal, before the lease can lapse."""
+    return ttl / QUERY_STOP_FRACTION
+
+
+def record_path(layout: JobLayout, driver: DriverJvm) -> str:
+    """The session record of ``driver`` for the job of ``layout`` (what its keeper holds)."""
+    return os.path.join(layout.sessions, f"{driver.key}.json")
+
+
+def update_record(path: str, **fields: Any) -> dict[str, Any] | None:
+    """Set ``fields`` in the session record at ``path``, under its lock; the record as
+    written, or None when there is none (nothing is written then)."""
+    with _locked(path + ".lock"):
+        found = read_record(path)
+        if found is None:
+            return None
+        found.update(fields)
+        write_record(path, found)
+        return found
 
 
 QUERY_STARTED = "query_started"
