@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from epochal.config import CONNECT_DOC, SPARK_CONNECT_ADVICE, is_spark_connect_url
@@ -307,9 +308,12 @@ def _list(args: argparse.Namespace) -> int:
             unreadable += 1
             print(f"{job.name:<24} {UNREADABLE:<11} {exc}")
             continue
+        at = job.progress.get("at")
+        last = time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(float(at))) if at else ""
         print(
             f"{job.name:<24} {status['status']:<11} runs {job.run:<3} restarts "
-            f"{job.restarts:<3} batch {job.progress.get('batch', '-')}  {job.target}"
+            f"{job.restarts:<3} batch {job.progress.get('batch', '-')}{last}  "
+            f"{job.target or '(its own session)'}"
         )
     return 1 if unreadable else 0
 

@@ -117,6 +117,7 @@ def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[st
             held = _start_of_query(context, started.job_options, driver, name)
             if held is not None:
                 written["session_record"] = held
+                written["job_dir"] = context.job_dir
     return written
 
 
