@@ -39,6 +39,7 @@ from epochal.state.lease.session import (
     hold,
     read_record,
     record_path,
+    restart_keeper,
     update_record,
 )
 from epochal.state.locks import JobError
@@ -254,6 +255,26 @@ def test_a_keeper_that_lost_the_lease_waits_for_the_query_fence_then_kills_as_la
         proc.kill()
         other_proc.kill()  # the job's next holder in the loop takes it at once
         _wait(lambda: JobDirectory(snapshots, JOB).lease.read().renewed == 0.0, "a release")
+
+
+def test_a_keeper_that_died_is_started_again_with_its_holding(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    """What the driver's query fence does when the job's keeper died alone: a keeper started
+    again renews the lease at once under the same owner and epoch; the run goes on."""
+    snapshots = str(tmp_path / "snapshots")
+    _, driver = drivers()
+    context = _context(snapshots, driver)
+    record = record_path(JobLayout(snapshots, JOB), driver)
+    dead = int((read_record(record) or {})["keeper"])
+    os.kill(dead, signal.SIGKILL)
+    _wait(lambda: not processes.alive(dead), "the keeper to die")
+    jobdir = JobDirectory(snapshots, JOB)
+    before = jobdir.lease.read().renewed
+    started = restart_keeper(record)
+    assert started and started != dead and int((read_record(record) or {})["keeper"]) == started
+    _wait(lambda: jobdir.lease.read().renewed > before, "the new keeper to renew the lease")
+    assert _context(snapshots, driver) == context and jobdir.lease.epoch() == 1
 
 
 def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:

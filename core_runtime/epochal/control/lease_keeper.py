@@ -19,9 +19,13 @@ JVM, and a *lease keeper* process renews it while the JVM lives:
   back only transactions of earlier runs. Run numbers come from the record, never from a
   clock, so an older driver's run is always below a newer one's.
 - **keeping it**: renewed every quarter TTL. A keeper that finds the lease taken over, or
-  cannot renew it for half its TTL, kills its driver's JVM (a driver never outlives its
-  lease: it stops before anyone may take over). When the JVM ends, the keeper releases the
-  lease, so the driver's successor takes over at once, from any host.
+  cannot renew it for half its TTL, marks the driver's session record lost and has the
+  driver's query fence (:mod:`epochal.spark.query_fence`) stop the job's query; only when
+  the query did not stop within a quarter TTL, or no fence watches the record, it kills the
+  driver's JVM (a driver never acts beyond its lease). When the JVM ends, the keeper releases
+  the lease, so the driver's successor takes over at once, from any host. A keeper that died
+  is started again by the query fence (``--resume``): it goes on with the dead keeper's
+  owner and epoch.
 
 A planner starts the keeper and reads what it holds through
 :func:`epochal.state.lease.session.hold`.
@@ -36,6 +40,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 from epochal.base import files, processes
 from epochal.config import JobConfig
@@ -138,16 +143,41 @@ class Keeper:
         holding = Holding(
             self.epoch, self.run, self.owner, os.getpid(), self.driver.pid, self.driver.started
         )
-        write_record(self.record, asdict(holding))
+        write_record(self.record, {**asdict(holding), **self.arguments()})
         self.say(f"holding the lease at epoch {self.epoch}, run {self.run}")
 
-    def keep(self) -> int:
+    def arguments(self) -> dict[str, Any]:
+        """What a keeper started again for this holding needs (:func:`~epochal.state.lease.
+        session.restart_keeper`), kept in the session record."""
+        return {
+            "snapshot_dir": self.jobdir.snapshot_dir,
+            "job": self.jobdir.name,
+            "guarantee": self.guarantee.label,
+            "ttl": self.ttl,
+        }
+
+    def resume(self) -> int:
+        """Go on holding what a keeper of this driver that died held (its session record:
+        owner, epoch, run): renew at once, then keep the lease as that keeper would have. A
+        lease that another holder took meanwhile is lost."""
+        found = read_record(self.record) or {}
+        if "epoch" not in found or found.get(LOST):
+            return 2
+        self.owner, self.epoch, self.run = (
+            str(found["owner"]),
+            int(found["epoch"]),
+            int(found["run"]),
+        )
+        self.say(f"started again for the holding at epoch {self.epoch}, run {self.run}")
+        return self.keep(renew_now=True)
+
+    def keep(self, renew_now: bool = False) -> int:
         """Renew until the driver ends (release) or the lease is lost (stop the driver)."""
         from epochal.state.locks import JobError
         from epochal_sdk import SnapshotError
 
         last_renewed = time.monotonic()
-        next_renewal = last_renewed + self.ttl / 4
+        next_renewal = last_renewed + (0 if renew_now else self.ttl / 4)
         while True:
             if not self.driver.alive:
                 self.ended("its driver ended")
@@ -234,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--ttl", type=float, default=LEASE_TTL)
     parser.add_argument("--record", required=True)
+    parser.add_argument("--resume", action="store_true", help="go on with a dead keeper's holding")
     args = parser.parse_args(argv)
     files.private_process()
     keeper = Keeper(
@@ -244,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         args.ttl,
         args.record,
     )
+    if args.resume:
+        return keeper.resume()
     if not keeper.take():
         return 2
     try:

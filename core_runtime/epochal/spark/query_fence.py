@@ -8,14 +8,19 @@ added by ``epochal.register`` with the session check) watches the records of the
 queries started in this driver, from one thread of the driver's Python process:
 
 - **the lease lost** (the keeper found it taken over, or could not renew it for half its
-  TTL; :data:`~epochal.state.lease.session.LOST` in the record): it stops that job's
-  queries (``StreamingQuery.stop()``) and notes in the record when they stopped
+  TTL; :data:`~epochal.state.lease.session.LOST` in the record): it ends that job's
+  queries as failed (their ``awaitTermination()`` raises, so an application's restarter
+  sees it; ``stop()`` where that fails) and notes in the record when they ended
   (:data:`~epochal.state.lease.session.STOPPED`). The keeper waits for that up to
   :func:`~epochal.state.lease.session.query_stop_bound` (a quarter of the TTL) and kills
   the driver's JVM only when the query did not stop by then. Meanwhile, as always, every
   protocol step of the query checks the lease first (:mod:`epochal.state.lease.fence`).
-- **the keeper died** (killed alone; the lease is then renewed by nobody): it stops the
-  job's queries at once, long before the lease can lapse, and marks the record
+- **the keeper died** (killed alone; the lease is then renewed by nobody): it starts the
+  keeper again at once (:func:`~epochal.state.lease.session.restart_keeper`), which renews
+  the lease with the dead keeper's owner and epoch, long before the lease can lapse (it
+  was renewed at most a quarter TTL before); the query goes on. After
+  :data:`KEEPER_RESTARTS` restarts for one holding, or when the keeper cannot be started,
+  it stops the job's queries instead and marks the record
   :data:`~epochal.state.lease.session.LOST`, so the job's planners in this driver are
   refused; a new start of the query takes the lease again through a new keeper.
 
@@ -40,6 +45,7 @@ from epochal.state.lease.session import (
     STOPPED,
     WATCHER,
     read_record,
+    restart_keeper,
     update_record,
 )
 
@@ -47,6 +53,11 @@ log = logging.getLogger("epochal.query_fence")
 
 POLL_SECONDS = 0.1
 """How often the fence reads the records it watches."""
+FAIL_SECONDS = 0.5
+"""How long the fence waits for a query it interrupted to end before it stops it."""
+KEEPER_RESTARTS = 3
+"""How many times the fence starts a dead keeper again for one holding before it stops the
+job's query instead."""
 
 
 class QueryFence:
@@ -95,10 +106,22 @@ class QueryFence:
             keeper = int(found.get("keeper") or 0)
             if not ids or not keeper or processes.alive(keeper):
                 return
+            restarts = int(found.get("keeper_restarts") or 0)
+            if restarts < KEEPER_RESTARTS:
+                started = restart_keeper(record)
+                log.warning(
+                    "epochal: the lease keeper (pid %s) of %s died; started it again (pid %s)",
+                    keeper,
+                    record,
+                    started,
+                )
+                if started:
+                    return
             why = (
-                f"the job's lease keeper (pid {keeper}) died, so nobody renews the lease; "
-                "this driver stopped the job's query before the lease can lapse (a new "
-                "start of the query takes the lease again)"
+                f"the job's lease keeper (pid {keeper}) died and could not be kept going "
+                f"({restarts} restart(s)), so nobody renews the lease; this driver stopped "
+                "the job's query before the lease can lapse (a new start of the query takes "
+                "the lease again)"
             )
             update_record(record, **{LOST: why})
         self._stop(record, ids, str(why))
@@ -109,8 +132,7 @@ class QueryFence:
             query = self.spark.streams.get(query_id)
             if query is not None:
                 log.warning("epochal: stopping query %s: %s", query_id, why)
-                with contextlib.suppress(Exception):  # stopping a failing query may raise
-                    query.stop()
+                self._end_failed(query)
             self.forget(query_id)
         update_record(record, **{STOPPED: time.time()})
         log.warning(
@@ -119,3 +141,20 @@ class QueryFence:
             time.monotonic() - started,
             why,
         )
+
+    def _end_failed(self, query: Any) -> None:
+        """End ``query`` as a failed query, so that whoever waits for it sees an error (its
+        ``awaitTermination()`` raises; an application's restarter then starts it again, and
+        the new start meets the lease as it is): cancel its Spark jobs and interrupt its
+        micro-batch thread, as ``stop()`` does, but without marking it stopped (Spark then
+        ends the query with the interruption as its failure). Where that cannot be done, or
+        the query still runs after :data:`FAIL_SECONDS`, it is stopped."""
+        with contextlib.suppress(Exception):
+            self.spark.sparkContext.cancelJobGroup(str(query.runId))
+            query._jsq.streamingQuery().queryExecutionThread().interrupt()
+            deadline = time.monotonic() + FAIL_SECONDS
+            while query.isActive and time.monotonic() < deadline:
+                time.sleep(0.02)
+        with contextlib.suppress(Exception):  # stopping a failing query may raise
+            if query.isActive:
+                query.stop()

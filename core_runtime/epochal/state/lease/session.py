@@ -231,12 +231,14 @@ def begin_run(
             ended["outcome"] = "its query stopped and was started again in the same driver"
         current.run += 1
         current.status = JobStatus.RUNNING
+        checkpoint = current.driver.get("checkpoint")  # noted by the query: kept for verify
         current.driver = {
             "pid": driver.pid,
             "host": socket.gethostname(),
             "epoch": epoch,
             "holder": SESSION,
             "keeper_pid": keeper,
+            **({"checkpoint": checkpoint} if checkpoint else {}),
         }
         current.add_run(
             {
@@ -255,8 +257,35 @@ def _holding(found: dict[str, Any]) -> Holding:
     return Holding(**{k: v for k, v in found.items() if k in known})
 
 
+def restart_keeper(path: str) -> int:
+    """Start a keeper again for the holding in the session record at ``path``, whose keeper
+    died: it renews the lease at once with the dead keeper's owner and epoch, and keeps it
+    (``--resume``; a lease that another holder took meanwhile is lost as usual). The record
+    names the new keeper at once. Returns its pid, or 0 when the record holds nothing."""
+    with _locked(path + ".lock"):
+        found = read_record(path)
+        if found is None or "epoch" not in found or found.get(LOST) or "job" not in found:
+            return 0
+        keeper = _start_keeper(
+            JobLayout(str(found["snapshot_dir"]), str(found["job"])),
+            DriverJvm(int(found["driver"]), int(found["driver_started"])),
+            Guarantee.parse(str(found["guarantee"])),
+            float(found["ttl"]),
+            path,
+            resume=True,
+        )
+        found.update(keeper=keeper.pid, keeper_restarts=int(found.get("keeper_restarts", 0)) + 1)
+        write_record(path, found)
+        return keeper.pid
+
+
 def _start_keeper(
-    layout: JobLayout, driver: DriverJvm, guarantee: Guarantee, ttl: float, path: str
+    layout: JobLayout,
+    driver: DriverJvm,
+    guarantee: Guarantee,
+    ttl: float,
+    path: str,
+    resume: bool = False,
 ) -> subprocess.Popen[bytes]:
     files.makedirs(layout.logs)
     log = files.open_private(os.path.join(layout.logs, f"session-{driver.pid}.log"), "ab")
@@ -276,6 +305,7 @@ def _start_keeper(
         str(ttl),
         "--record",
         path,
+        *(["--resume"] if resume else []),
     ]
     with log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
