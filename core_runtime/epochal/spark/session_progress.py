@@ -88,9 +88,11 @@ class SessionQuery:
             log.warning("metrics of batch %s not collected", batch, exc_info=True)
 
     def ended(self, failure: str | None) -> None:
-        """The query ended: an available-now run that ended by itself without a failure
-        finished its data, and its job is ``COMPLETED`` (a query stopped because its driver
-        lost the lease is not: the record says LOST then, and nothing is written)."""
+        """The query ended: an available-now run that ended without a failure finished its
+        data, and its job is ``COMPLETED`` (a query ended because its driver lost the lease
+        is not: it fails, and the record says LOST). Spark tells an available-now query that
+        its application stopped before its data was done from one that finished by no sign
+        a listener sees: such a query shows ``COMPLETED`` too, until its next start."""
         if failure is not None or not self.available_now:
             return
         held = self._held()
