@@ -276,10 +276,10 @@ class _SessionCheck(StreamingQueryListener):
             verdict = check_session_query(self.spark, str(event.id), self.driver)
             if verdict is not None and verdict.get("session_record"):
                 record = str(verdict["session_record"])
-                self.fence.watch(record, str(event.id))
+                self.fence.watch(record, str(event.id), str(event.runId))
                 query = self.fence.spark.streams.get(str(event.id))
-                if query is not None:
-                    self.queries[str(event.id)] = SessionQuery.of(
+                if query is not None:  # by run: a restarted query keeps its id
+                    self.queries[str(event.runId)] = SessionQuery.of(
                         query, str(verdict["job_dir"]), record
                     )
         except Exception as exc:  # the check must not break the query; say what it missed
@@ -292,7 +292,7 @@ class _SessionCheck(StreamingQueryListener):
             )
 
     def onQueryProgress(self, event: Any) -> None:
-        query = self.queries.get(str(event.progress.id))
+        query = self.queries.get(str(event.progress.runId))
         if query is None:
             return
         try:
@@ -309,8 +309,8 @@ class _SessionCheck(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        self.fence.forget(str(event.id))
-        query = self.queries.pop(str(event.id), None)
+        self.fence.forget(str(event.runId))
+        query = self.queries.pop(str(event.runId), None)
         if query is None:
             return
         try:

@@ -66,25 +66,29 @@ class QueryFence:
     def __init__(self, spark: Any) -> None:
         self.spark = spark
         self._lock = threading.Lock()
-        self._queries: dict[str, set[str]] = {}  # session record -> ids of running queries
+        # session record -> the running queries of its job: (query id, run id) each
+        self._queries: dict[str, set[tuple[str, str]]] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, record: str, query_id: str) -> None:
-        """Watch the session record ``record`` for the query ``query_id`` (just started)."""
+    def watch(self, record: str, query_id: str, run_id: str) -> None:
+        """Watch the session record ``record`` for the query ``query_id``, started just now
+        as its run ``run_id`` (Spark's: a query started again keeps its id, not its run)."""
         update_record(record, **{WATCHER: os.getpid()})
         with self._lock:
-            self._queries.setdefault(record, set()).add(query_id)
+            self._queries.setdefault(record, set()).add((query_id, run_id))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="epochal-query-fence", daemon=True
                 )
                 self._thread.start()
 
-    def forget(self, query_id: str) -> None:
-        """The query ended: nothing to stop for it any more."""
+    def forget(self, run_id: str) -> None:
+        """The query's run ``run_id`` ended: nothing to stop for it any more (a late event
+        of an earlier run of the query touches nothing of its run now)."""
         with self._lock:
             for queries in self._queries.values():
-                queries.discard(query_id)
+                for query in [q for q in queries if q[1] == run_id]:
+                    queries.discard(query)
 
     def _run(self) -> None:
         while True:
@@ -97,7 +101,7 @@ class QueryFence:
                 except Exception as exc:  # the fence must go on watching the other jobs
                     log.warning("epochal: the query fence could not check %s: %s", record, exc)
 
-    def _check(self, record: str, ids: set[str]) -> None:
+    def _check(self, record: str, ids: set[tuple[str, str]]) -> None:
         found = read_record(record)
         if found is None or found.get(STOPPED) or int(found.get(WATCHER) or 0) != os.getpid():
             return
@@ -126,14 +130,14 @@ class QueryFence:
             update_record(record, **{LOST: why})
         self._stop(record, ids, str(why))
 
-    def _stop(self, record: str, ids: set[str], why: str) -> None:
+    def _stop(self, record: str, ids: set[tuple[str, str]], why: str) -> None:
         started = time.monotonic()
-        for query_id in ids:
+        for query_id, run_id in ids:
             query = self.spark.streams.get(query_id)
-            if query is not None:
+            if query is not None and str(query.runId) == run_id:
                 log.warning("epochal: stopping query %s: %s", query_id, why)
                 self._end_failed(query)
-            self.forget(query_id)
+            self.forget(run_id)
         update_record(record, **{STOPPED: time.time()})
         log.warning(
             "epochal: %d query(ies) stopped in %.2fs: %s",

@@ -39,14 +39,14 @@ class SessionQuery:
     @classmethod
     def of(cls, query: Any, job_dir: str, record: str) -> SessionQuery:
         """The query ``query`` (PySpark's ``StreamingQuery``) as its job knows it."""
-        checkpoint, available_now = None, False
+        checkpoint = None
         try:
             execution = query._jsq.streamingQuery()
             checkpoint = _local(str(execution.resolvedCheckpointRoot()))
-            available_now = "AvailableNow" in str(execution.trigger())
-        except Exception as exc:  # an older or other Spark: no checkpoint, no COMPLETED
-            log.warning("epochal: query %s: its checkpoint and trigger unread: %s", query.id, exc)
-        return cls(job_dir, record, checkpoint, available_now)
+        except Exception as exc:  # an older or other Spark: no checkpoint to verify
+            log.warning("epochal: query %s: its checkpoint unread: %s", query.id, exc)
+            execution = None
+        return cls(job_dir, record, checkpoint, _available_now(execution))
 
     def _held(self) -> tuple[JobDirectory, Any] | None:
         found = read_record(self.record)
@@ -112,3 +112,16 @@ def _local(location: str) -> str:
     if location.startswith("file:"):
         return "/" + location[len("file:") :].lstrip("/")
     return location
+
+
+def _available_now(execution: Any) -> bool:
+    """Whether Spark's query ``execution`` (its ``StreamExecution``) runs with
+    ``Trigger.AvailableNow``: its trigger, or the executor Spark made of it (a
+    ``MultiBatchExecutor``), read through py4j; False when neither can be read."""
+    for read in ("trigger", "triggerExecutor"):
+        try:
+            name = str(getattr(execution, read)().getClass().getName())
+        except Exception:
+            continue
+        return "AvailableNow" in name or "MultiBatchExecutor" in name
+    return False
