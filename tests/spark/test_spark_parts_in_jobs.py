@@ -40,7 +40,7 @@ from epochal.parts.spark_plan import (
 from epochal.state.jobs import JobDirectory
 from epochal.state.layout import JobLayout
 from epochal.state.lease.session import DriverJvm, hold, read_record, record_path
-from epochal.state.manifests import verify_job
+from epochal.state.manifests import MANIFESTS, verify_job
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 from epochal_map.testing import MapSinkUnderTest
@@ -343,7 +343,7 @@ def test_a_query_started_again_in_its_driver_takes_a_new_run_and_settles_its_str
     assert shown["progress"]["batch"] == 1 and shown["progress"]["at"] > 0, shown["progress"]
     assert shown["driver"]["checkpoint"] == str(checkpoint)
     assert verify_job(jobdir) == []
-    assert jobdir.store.list("manifests"), "no checkpoint manifest recorded"
+    assert jobdir.store.list(MANIFESTS), "no checkpoint manifest recorded"
     metrics = render_prometheus(jobdir)
     assert 'epochal_job_last_batch{job="again"} 1' in metrics, metrics
     assert "epochal_batch_duration_seconds" in metrics, metrics
