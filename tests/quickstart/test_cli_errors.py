@@ -12,9 +12,10 @@ import pytest
 @pytest.mark.spark
 def test_a_failed_run_names_the_job_its_logs_and_how_to_go_on(tmp_path: Path) -> None:
     snapshots = tmp_path / "snapshots"
+    (tmp_path / "orders_app.py").write_text("def build(spark):\n    import no_such_module\n")
     result = subprocess.run(
         [
-            sys.executable, "-m", "epochal", "run", "no_such_module:build",
+            sys.executable, "-m", "epochal", "run", "orders_app:build",
             "--name", "orders", "--snapshot-dir", str(snapshots), "--available-now",
         ],
         capture_output=True,

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,16 +28,23 @@ from typing import Any
 import pytest
 
 from epochal import Job, JobConfig, JobStatus
+from epochal.base import processes
 from epochal.metrics.exposition import render_prometheus
+from epochal.ops.status import job_status
 from epochal.parts.records import read_parts
 from epochal.parts.spark_plan import (
     IDEMPOTENT_FOREACH_BATCH,
     session_driver,
     session_verdict_path,
 )
+from epochal.state.jobs import JobDirectory
 from epochal.state.layout import JobLayout
+from epochal.state.lease.session import DriverJvm, hold, read_record, record_path
+from epochal.state.manifests import MANIFESTS, verify_job
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
+from epochal_map.testing import MapSinkUnderTest
+from epochal_sdk import Guarantee, TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -268,3 +279,226 @@ def test_a_plain_session_query_below_its_guarantee_runs_with_a_warning(
         and "refused" not in w
         for w in warnings
     ), warnings
+
+
+# --- plain sessions: a query started again in its driver -----------------------------------
+
+
+def _counts(map_path: str, expected: int) -> tuple[int, int, list[str]]:
+    """Lost and duplicated records of the map sink's output journal, and what is in doubt."""
+    committed = MapSinkUnderTest(map_path).committed("transactional")
+    keys = [key for key, _ in committed]
+    lost = expected - len(set(keys))
+    return lost, len(keys) - len(set(keys)), MapSinkUnderTest(map_path).in_doubt()
+
+
+def _session_copy(session: Any, map_path: str, checkpoint: Path, **job: str) -> Any:
+    """The plain-session copy query (map journal → map 'output', exactly-once), started."""
+    return (
+        _session_events(session, map_path, **job)
+        .writeStream.format("epochal.map")
+        .option("path", map_path)
+        .option("map", "output")
+        .option("mode", "transactional")
+        .options(**job)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_a_query_started_again_in_its_driver_takes_a_new_run_and_settles_its_strays(
+    session: Any, tmp_path: Path, map_path: str
+) -> None:
+    snapshots, checkpoint = str(tmp_path / "snapshots"), tmp_path / "checkpoint"
+    job = {"epochal.job": "again", "epochal.snapshotDir": snapshots}
+    # The second batch's first task dies after it prepared (its Python worker killed): the
+    # query fails, the JVM lives on; the batch's other tasks are aborted, the dead task's
+    # transaction is left prepared (a stray of run 1).
+    failed = _session_copy(
+        session, map_path, checkpoint, **job, **{"epochal.faults": "sink.after_prepare@1:worker"}
+    )
+    with pytest.raises(Exception, match="Python worker"):
+        failed.awaitTermination()
+    strays = MapSinkUnderTest(map_path).in_doubt()
+    assert strays and all(TransactionId.of(s).run == 1 for s in strays), strays
+    jobdir = JobDirectory(snapshots, "again")
+    assert jobdir.load().run == 1
+
+    # Started again in the same driver JVM (a Connect client's retry, a loop in the app): a
+    # new run, whose start-of-run recovery rolls the stray back before the batch is replayed.
+    _session_copy(session, map_path, checkpoint, **job).awaitTermination()
+    record = jobdir.load()
+    assert record.run == 2 and jobdir.lease.epoch() == 1, record.runs
+    assert record.runs[0]["outcome"] == "its query stopped and was started again in the same driver"
+    with MapStore(map_path) as store:
+        assert {store.transaction_state(s) for s in strays} == {"rolled_back"}
+    lost, duplicated, in_doubt = _counts(map_path, 200)
+    assert (lost, duplicated, in_doubt) == (0, 0, []), (lost, duplicated, in_doubt)
+    # The query wrote its own job: progress, manifests, where its checkpoint is, metrics,
+    # and COMPLETED once its available-now run finished the data.
+    # (Spark's listener hears of the query's end after awaitTermination returned.)
+    _until(lambda: job_status(jobdir)["status"] == "COMPLETED", "the job COMPLETED", 30)
+    shown = job_status(jobdir)
+    assert shown["progress"]["batch"] == 1 and shown["progress"]["at"] > 0, shown["progress"]
+    assert shown["driver"]["checkpoint"] == str(checkpoint)
+    assert verify_job(jobdir) == []
+    assert jobdir.store.list(MANIFESTS), "no checkpoint manifest recorded"
+    metrics = render_prometheus(jobdir)
+    assert 'epochal_job_last_batch{job="again"} 1' in metrics, metrics
+    assert "epochal_batch_duration_seconds" in metrics, metrics
+    listed = subprocess.run(
+        [sys.executable, "-m", "epochal", "jobs", "list", "--snapshot-dir", snapshots],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert re.search(r"again\s+COMPLETED .* batch 1 at \d{4}-", listed.stdout), listed.stdout
+    (Path(checkpoint) / "commits" / "1").write_text("torn")
+    assert any("commits log entry for batch 1 is corrupt" in p for p in verify_job(jobdir))
+    protocol = (Path(jobdir.path) / "logs" / "protocol.log").read_text()
+    assert (
+        "recovery at the start of run 2: finished 0 decided batch(es) [], "
+        f"rolled back {len(strays)}" in protocol
+    ), protocol
+
+
+# --- plain sessions: the fence that stops one query, the keeper watched ----------------------
+
+
+def _running_copy(session: Any, path: str, checkpoint: Path, **job: str) -> Any:
+    """A plain-session copy query of the map at ``path`` that keeps running (10 a batch)."""
+    return (
+        session.readStream.format("epochal.map")
+        .option("path", path)
+        .option("map", "input")
+        .option("maxRecordsPerBatch", "10")
+        .options(**job)
+        .load()
+        .selectExpr("key", "value")
+        .writeStream.format("epochal.map")
+        .option("path", path)
+        .option("map", "output")
+        .option("mode", "transactional")
+        .options(**job)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+
+
+def _input(path: Path, first: int, count: int) -> str:
+    with MapStore(str(path)) as store:
+        store.append_events("input", [(str(i), f"v{i}") for i in range(first, first + count)])
+    return str(path)
+
+
+def _until(condition: Any, what: str, seconds: float = 60.0) -> float:
+    """Wait for ``condition``; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < seconds, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def _committed(path: str) -> int:
+    return len(MapSinkUnderTest(path).committed("transactional"))
+
+
+def _session_record(session: Any, snapshots: str, job: str) -> dict[str, Any]:
+    path = record_path(JobLayout(snapshots, job), session_driver(session))
+    found = read_record(path)
+    assert found is not None, path
+    return found
+
+
+def test_a_lost_lease_stops_its_jobs_query_and_the_drivers_other_query_goes_on(
+    session: Any, tmp_path: Path
+) -> None:
+    """One driver runs two exactly-once jobs; another driver takes the first job's lease
+    over. The first job's query is stopped by the driver's query fence (not the JVM: the
+    second job's query goes on and loses nothing), and decides nothing after the take-over.
+    With the JVM killed instead, this test's own driver would die and the test fail."""
+    snapshots = str(tmp_path / "snapshots")
+    ttl = 8.0  # the query must stop within a quarter of it: 2 s
+    first = {"epochal.job": "first", "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "8s"}
+    second = {**first, "epochal.job": "second"}
+    a_map, b_map = _input(tmp_path / "a.sqlite", 0, 50), _input(tmp_path / "b.sqlite", 0, 50)
+    a = _running_copy(session, a_map, tmp_path / "a-checkpoint", **first)
+    b = _running_copy(session, b_map, tmp_path / "b-checkpoint", **second)
+    _until(lambda: _committed(a_map) == 50 and _committed(b_map) == 50, "both jobs' first rows")
+
+    # The first job's keeper is paused (a partition of it), another driver takes the job over
+    # once the lease expired, the keeper wakes and finds the lease taken.
+    keeper = int(_session_record(session, snapshots, "first")["keeper"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(keeper, signal.SIGSTOP)
+        _until(lambda: processes.start_ticks(other.pid), "the other driver to start")
+        other_jvm = DriverJvm(other.pid, processes.start_ticks(other.pid) or 0)
+        taken = hold(JobLayout(snapshots, "first"), Guarantee.EXACTLY_ONCE, ttl, other_jvm)
+        assert taken.epoch == 2
+        os.kill(keeper, signal.SIGCONT)
+        stopped_in = _until(lambda: not a.isActive, "the first job's query to stop", 30)
+        assert a.exception() is not None, "ended as failed: its application sees the loss"
+        assert b.isActive and session.range(3).count() == 3  # the driver and its other query
+        keeper_log = (Path(snapshots) / "first" / "logs").glob("session-*.log")
+        said = "".join(p.read_text() for p in keeper_log)
+        assert "the job's query stopped in" in said and "killing" not in said, said
+        decided_by_first = _committed(a_map)
+
+        # New data for both: the second job's query takes it; the first job's stopped query
+        # decides nothing (its output stays as it was at the take-over).
+        _input(Path(a_map), 50, 30)
+        _input(Path(b_map), 50, 30)
+        _until(lambda: _committed(b_map) == 80, "the second job's query to go on")
+        assert _committed(a_map) == decided_by_first
+        assert MapSinkUnderTest(b_map).in_doubt() == []
+    finally:
+        other.kill()
+        other.wait()
+    # The other driver is gone (its keeper releases the lease): the first job's query, started
+    # again in this driver, takes the lease back at a new epoch and finishes the data.
+    a = _running_copy(session, a_map, tmp_path / "a-checkpoint", **first)
+    _until(lambda: _committed(a_map) == 80, "the first job's query, started again")
+    a.stop()
+    b.stop()
+    assert JobDirectory(snapshots, "first").lease.epoch() == 3
+    counts = {"first": _counts(a_map, 80), "second": _counts(b_map, 80)}
+    print(f"query fence: stopped in {stopped_in:.2f}s; lost, duplicated, in doubt: {counts}")
+    assert counts == {"first": (0, 0, []), "second": (0, 0, [])}, counts
+
+
+def test_a_killed_keeper_is_started_again_before_the_lease_can_lapse(
+    session: Any, tmp_path: Path
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    job = {"epochal.job": "kept", "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "3s"}
+    path = _input(tmp_path / "k.sqlite", 0, 30)
+    query = _running_copy(session, path, tmp_path / "checkpoint", **job)
+    _until(lambda: _committed(path) == 30, "the first rows")
+    keeper = int(_session_record(session, snapshots, "kept")["keeper"])
+    jobdir = JobDirectory(snapshots, "kept")
+    os.kill(keeper, signal.SIGKILL)  # the keeper alone
+    killed = time.time()
+
+    def renewed_by_another_keeper() -> bool:
+        found = _session_record(session, snapshots, "kept")
+        lease = jobdir.lease.read()
+        return (
+            int(found["keeper"]) != keeper
+            and processes.alive(int(found["keeper"]))
+            and lease is not None
+            and lease.renewed > killed
+        )
+
+    restarted_in = _until(renewed_by_another_keeper, "a new keeper to renew the lease", 3)
+    lease = jobdir.lease.read()
+    assert lease is not None and lease.epoch == 1 and query.isActive
+    _input(Path(path), 30, 20)
+    _until(lambda: _committed(path) == 50, "the query to go on")
+    query.stop()
+    counts = _counts(path, 50)
+    print(f"killed keeper: renewed again {restarted_in:.2f}s after; lost, dup, in doubt: {counts}")
+    assert counts == (0, 0, []) and jobdir.lease.epoch() == 1 and jobdir.load().run == 1

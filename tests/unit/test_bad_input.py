@@ -224,6 +224,40 @@ def test_a_snapshot_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert afile.read_text() == "not a directory"
 
 
+def test_a_snapshot_dir_that_cannot_be_created_is_refused_naming_it(tmp_path: Path) -> None:
+    result = _epochal("run", "os:getcwd", "--name", "g2", "--snapshot-dir", "/proc/nope")
+    assert result.returncode == 2, result.stderr
+    assert "option 'snapshot_dir': '/proc/nope' cannot hold the job" in result.stderr
+    assert "Give a directory this user can create and write" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert not os.path.exists("/proc/nope")
+
+
+def test_a_target_that_does_not_import_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    snapshots = tmp_path / "snapshots"
+    (tmp_path / "broken_import.py").write_text("import no_such_dependency\n")
+    (tmp_path / "no_build.py").write_text("def other(spark):\n    pass\n")
+    cases = {
+        "nosuchmodule:build": "module 'nosuchmodule' does not import: ModuleNotFoundError",
+        "broken_import:build": "No module named 'no_such_dependency' (at ",
+        "no_build:build": "has no function 'build'",
+        "no_colon": "is not 'module:function'",
+    }
+    for target, said in cases.items():
+        started = time.monotonic()
+        result = _epochal(
+            "run", target, "--name", "g2", "--snapshot-dir", str(snapshots), cwd=tmp_path
+        )
+        took = time.monotonic() - started
+        assert result.returncode == 2, (target, result.stderr)
+        assert said in result.stderr, (target, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert not snapshots.exists(), f"{target}: something was written before the refusal"
+        assert took < 7, f"{target}: refused only after {took:.1f}s (a driver was started?)"
+
+
 def test_a_torn_job_record_is_listed_as_unreadable_not_left_out(tmp_path: Path) -> None:
     snapshots = tmp_path / "snapshots"
     _job(snapshots, "sound")

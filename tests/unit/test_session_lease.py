@@ -30,7 +30,18 @@ from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory, JobStatus
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import SESSION
-from epochal.state.lease.session import DriverJvm, LeaseNotHeldError, hold
+from epochal.state.lease.session import (
+    LOST,
+    STOPPED,
+    WATCHER,
+    DriverJvm,
+    LeaseNotHeldError,
+    hold,
+    read_record,
+    record_path,
+    restart_keeper,
+    update_record,
+)
 from epochal.state.locks import JobError
 from epochal.state.store import StateMovedError
 from epochal.testing import prepare_transaction
@@ -134,6 +145,31 @@ def test_a_driver_holds_the_lease_and_its_successor_takes_over_at_once(
     assert jobdir.load().runs[0]["outcome"] == "its driver ended"
 
 
+def test_every_start_of_the_query_in_one_driver_after_the_first_takes_a_new_run(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    snapshots = str(tmp_path / "snapshots")
+    _, driver = drivers()
+    options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
+
+    def start() -> JobContext:  # the planner of the query's sink, at a start of the query
+        return JobContext.current(options).holding_the_lease(options, driver, query_start=True)
+
+    assert (_context(snapshots, driver).run, start().run) == (1, 1)  # the keeper's run
+    assert _context(snapshots, driver).run == 1  # a batch's planner: no new run
+    restarted = start()  # the query stopped and is started again in the same JVM
+    assert (restarted.lease_epoch, restarted.run) == (1, 2)
+    assert _context(snapshots, driver).run == 2  # every later planner of it: the new run
+    assert start().run == 3
+    record = JobDirectory(snapshots, JOB).load()
+    assert record.run == 3 and [r["run"] for r in record.runs] == [1, 2, 3]
+    assert [r.get("outcome") for r in record.runs] == [
+        "its query stopped and was started again in the same driver",
+        "its query stopped and was started again in the same driver",
+        None,
+    ]
+
+
 def test_a_live_driver_keeps_the_job_from_a_second_one(
     tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
 ) -> None:
@@ -185,6 +221,60 @@ def test_a_paused_driver_is_fenced_then_stopped_when_another_takes_over(
     assert old_proc.wait(30) == -signal.SIGKILL, "the old keeper must stop its driver"
     _protocol(sink, owner).commit_batch(5, [newer])
     assert sink.in_doubt(RecoveryScope(PREFIX)) == []
+
+
+def test_a_keeper_that_lost_the_lease_waits_for_the_query_fence_then_kills_as_last_resort(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    """The keeper's side of the fence that stops one query: a driver whose records a query
+    fence watches (here this test, standing for the driver's fence: it notes the query
+    stopped) is not killed when its lease is taken over; one whose fence does not answer
+    within a quarter TTL is killed."""
+    snapshots = str(tmp_path / "snapshots")
+    layout = JobLayout(snapshots, JOB)
+    for answers in (True, False):
+        proc, driver = drivers()
+        _context(snapshots, driver)
+        record = record_path(layout, driver)
+        held = update_record(record, **{WATCHER: os.getpid()})
+        assert held is not None
+        os.kill(int(held["keeper"]), signal.SIGSTOP)
+        other_proc, other = drivers()
+        _context(snapshots, other)  # takes the job over once the paused keeper's lease expired
+        os.kill(int(held["keeper"]), signal.SIGCONT)
+        _wait(lambda at=record: (read_record(at) or {}).get(LOST), "the lease marked lost")
+        if answers:
+            update_record(record, **{STOPPED: time.time()})
+            keeper = int(held["keeper"])
+            _wait(lambda pid=keeper: not processes.alive(pid), "the keeper to exit")
+            assert proc.poll() is None, "the driver was killed although its query stopped"
+        else:
+            assert proc.wait(30) == -signal.SIGKILL, "the last resort: the driver's JVM killed"
+        with pytest.raises(LeaseNotHeldError, match="this driver stopped the job's query"):
+            _context(snapshots, driver)  # every later planner of the job in that driver
+        proc.kill()
+        other_proc.kill()  # the job's next holder in the loop takes it at once
+        _wait(lambda: JobDirectory(snapshots, JOB).lease.read().renewed == 0.0, "a release")
+
+
+def test_a_keeper_that_died_is_started_again_with_its_holding(
+    tmp_path: Path, drivers: Callable[[], tuple[subprocess.Popen[bytes], DriverJvm]]
+) -> None:
+    """What the driver's query fence does when the job's keeper died alone: a keeper started
+    again renews the lease at once under the same owner and epoch; the run goes on."""
+    snapshots = str(tmp_path / "snapshots")
+    _, driver = drivers()
+    context = _context(snapshots, driver)
+    record = record_path(JobLayout(snapshots, JOB), driver)
+    dead = int((read_record(record) or {})["keeper"])
+    os.kill(dead, signal.SIGKILL)
+    _wait(lambda: not processes.alive(dead), "the keeper to die")
+    jobdir = JobDirectory(snapshots, JOB)
+    before = jobdir.lease.read().renewed
+    started = restart_keeper(record)
+    assert started and started != dead and int((read_record(record) or {})["keeper"]) == started
+    _wait(lambda: jobdir.lease.read().renewed > before, "the new keeper to renew the lease")
+    assert _context(snapshots, driver) == context and jobdir.lease.epoch() == 1
 
 
 def _protocol(sink: MapSink, context: JobContext) -> TwoPhaseCommit:

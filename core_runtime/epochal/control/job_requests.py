@@ -13,6 +13,7 @@ from epochal.config import JobConfig
 from epochal.spark import features
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.state.locks import JobError
+from epochal_sdk import ConfigError
 
 
 def _target_name(target: str | Callable[..., Any]) -> str:
@@ -44,6 +45,24 @@ def submit(
         raise JobError(f"job {name!r} cannot run on this pyspark: " + "; ".join(refused))
     jobdir = JobDirectory(config.snapshot_dir, name)
     target_name = _target_name(target)
+    try:
+        return _submit(jobdir, target_name, config, replace)
+    except OSError as exc:  # any file system: a directory that cannot be created or written
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"job {name!r}",
+            "snapshot_dir",
+            f"{config.snapshot_dir!r} cannot hold the job: {reason}"
+            + (f" ({exc.filename})" if exc.filename else ""),
+            "Give a directory this user can create and write (a missing one is created), "
+            "or an s3:// URI (--snapshot-dir, $EPOCHAL_SNAPSHOT_DIR, JobConfig.snapshot_dir).",
+        ) from None
+
+
+def _submit(
+    jobdir: JobDirectory, target_name: str, config: JobConfig, replace: bool
+) -> JobDirectory:
+    name = jobdir.name
     if jobdir.exists():
         existing = jobdir.load()
         if replace or existing.status == JobStatus.CANCELLED:

@@ -19,9 +19,13 @@ JVM, and a *lease keeper* process renews it while the JVM lives:
   back only transactions of earlier runs. Run numbers come from the record, never from a
   clock, so an older driver's run is always below a newer one's.
 - **keeping it**: renewed every quarter TTL. A keeper that finds the lease taken over, or
-  cannot renew it for half its TTL, kills its driver's JVM (a driver never outlives its
-  lease: it stops before anyone may take over). When the JVM ends, the keeper releases the
-  lease, so the driver's successor takes over at once, from any host.
+  cannot renew it for half its TTL, marks the driver's session record lost and has the
+  driver's query fence (:mod:`epochal.spark.query_fence`) stop the job's query; only when
+  the query did not stop within a quarter TTL, or no fence watches the record, it kills the
+  driver's JVM (a driver never acts beyond its lease). When the JVM ends, the keeper releases
+  the lease, so the driver's successor takes over at once, from any host. A keeper that died
+  is started again by the query fence (``--resume``): it goes on with the dead keeper's
+  owner and epoch.
 
 A planner starts the keeper and reads what it holds through
 :func:`epochal.state.lease.session.hold`.
@@ -33,15 +37,27 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
-from epochal.base import files
+from epochal.base import files, processes
 from epochal.config import JobConfig
 from epochal.state.lease.record import LEASE_TTL, SESSION, new_owner
-from epochal.state.lease.session import KEEPER_MODULE, DriverJvm, Holding, write_record
+from epochal.state.lease.session import (
+    KEEPER_MODULE,
+    LOST,
+    STOPPED,
+    WATCHER,
+    DriverJvm,
+    Holding,
+    begin_run,
+    query_stop_bound,
+    read_record,
+    update_record,
+    write_record,
+)
 from epochal_sdk import Guarantee
 from epochal_sdk.errors import FencedError
 
@@ -113,51 +129,55 @@ class Keeper:
 
     def start_run(self) -> None:
         """A new run of the job under this epoch, in the job's record (made if missing)."""
-        from epochal.state.jobs import JobRecord, JobStatus
+        from epochal.state.jobs import JobRecord
 
-        fence = self.jobdir.fence(self.epoch)
-        driver = {
-            "pid": self.driver.pid,
-            "host": socket.gethostname(),
-            "epoch": self.epoch,
-            "holder": SESSION,
-            "keeper_pid": os.getpid(),
-        }
         if not self.jobdir.exists():
             config = JobConfig(
                 guarantee=self.guarantee,
                 snapshot_dir=self.jobdir.snapshot_dir,
                 lease_ttl=self.ttl,
             )
-            fence.check("creating the job record")
+            self.jobdir.fence(self.epoch).check("creating the job record")
             self.jobdir.save(JobRecord(name=self.jobdir.name, target="", config=config.to_dict()))
-        with self.jobdir.update(fence) as current:
-            current.run += 1
-            current.status = JobStatus.RUNNING
-            current.driver = driver
-            current.add_run(
-                {
-                    "run": current.run,
-                    "epoch": self.epoch,
-                    "kind": SESSION,
-                    "started": time.time(),
-                    "driver_pid": self.driver.pid,
-                }
-            )
-            self.run = current.run
+        self.run = begin_run(self.jobdir, self.epoch, self.driver, keeper=os.getpid())
         holding = Holding(
             self.epoch, self.run, self.owner, os.getpid(), self.driver.pid, self.driver.started
         )
-        write_record(self.record, asdict(holding))
+        write_record(self.record, {**asdict(holding), **self.arguments()})
         self.say(f"holding the lease at epoch {self.epoch}, run {self.run}")
 
-    def keep(self) -> int:
+    def arguments(self) -> dict[str, Any]:
+        """What a keeper started again for this holding needs (:func:`~epochal.state.lease.
+        session.restart_keeper`), kept in the session record."""
+        return {
+            "snapshot_dir": self.jobdir.snapshot_dir,
+            "job": self.jobdir.name,
+            "guarantee": self.guarantee.label,
+            "ttl": self.ttl,
+        }
+
+    def resume(self) -> int:
+        """Go on holding what a keeper of this driver that died held (its session record:
+        owner, epoch, run): renew at once, then keep the lease as that keeper would have. A
+        lease that another holder took meanwhile is lost."""
+        found = read_record(self.record) or {}
+        if "epoch" not in found or found.get(LOST):
+            return 2
+        self.owner, self.epoch, self.run = (
+            str(found["owner"]),
+            int(found["epoch"]),
+            int(found["run"]),
+        )
+        self.say(f"started again for the holding at epoch {self.epoch}, run {self.run}")
+        return self.keep(renew_now=True)
+
+    def keep(self, renew_now: bool = False) -> int:
         """Renew until the driver ends (release) or the lease is lost (stop the driver)."""
         from epochal.state.locks import JobError
         from epochal_sdk import SnapshotError
 
         last_renewed = time.monotonic()
-        next_renewal = last_renewed + self.ttl / 4
+        next_renewal = last_renewed + (0 if renew_now else self.ttl / 4)
         while True:
             if not self.driver.alive:
                 self.ended("its driver ended")
@@ -181,8 +201,33 @@ class Keeper:
             time.sleep(POLL_SECONDS)
 
     def stop_driver(self, why: str) -> int:
-        """The driver may no longer act: kill its JVM (and with it every query it runs)."""
-        write_record(self.record, {"lost": f"job {self.jobdir.name!r}: {why}; this driver stopped"})
+        """The driver may no longer act for the job: say so in the session record (every
+        planner of the job in the driver is refused from here), and have the driver's query
+        fence stop the job's query (:mod:`epochal.spark.query_fence`), so that the driver's
+        other queries go on. Only when no fence watches the record, or the query did not
+        stop within :func:`~epochal.state.lease.session.query_stop_bound`, the driver's JVM
+        is killed (and with it every query it runs): the last resort."""
+        lost = f"job {self.jobdir.name!r}: {why}; this driver stopped the job's query"
+        record = update_record(self.record, **{LOST: lost})
+        if record is None:  # lost before the run began: the planner waiting for it fails
+            write_record(self.record, {LOST: lost})
+            self.say(f"{why}: no query of the job started in this driver")
+            return 3
+        watcher = int(record.get(WATCHER) or 0)
+        if watcher and processes.alive(watcher) and self.driver.alive:
+            bound = query_stop_bound(self.ttl)
+            self.say(f"{why}: the driver's query fence stops the job's query (up to {bound:.1f}s)")
+            started = time.monotonic()
+            while time.monotonic() - started < bound:
+                found = read_record(self.record) or {}
+                if found.get(STOPPED) or int(found.get("keeper") or 0) != os.getpid():
+                    took = time.monotonic() - started
+                    self.say(f"the job's query stopped in {took:.2f}s; the driver goes on")
+                    return 3
+                if not self.driver.alive:
+                    return 3
+                time.sleep(POLL_SECONDS / 4)
+            why = f"{why}, and the job's query did not stop within {bound:.1f}s"
         self.say(f"{why}: killing the driver's JVM (pid {self.driver.pid})")
         if self.driver.alive:
             with contextlib.suppress(ProcessLookupError):
@@ -195,8 +240,9 @@ class Keeper:
         from epochal.state.locks import JobError
 
         fence = self.jobdir.fence(self.epoch)
+        current_run = int((read_record(self.record) or {}).get("run") or self.run)
         with contextlib.suppress(JobError, FencedError, OSError), self.jobdir.update(fence) as run:
-            entry = run.run_entry(self.run)
+            entry = run.run_entry(current_run)
             if entry is not None:
                 entry["ended"] = time.time()
                 entry["outcome"] = why
@@ -218,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--ttl", type=float, default=LEASE_TTL)
     parser.add_argument("--record", required=True)
+    parser.add_argument("--resume", action="store_true", help="go on with a dead keeper's holding")
     args = parser.parse_args(argv)
     files.private_process()
     keeper = Keeper(
@@ -228,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         args.ttl,
         args.record,
     )
+    if args.resume:
+        return keeper.resume()
     if not keeper.take():
         return 2
     try:

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from epochal.config import CONNECT_DOC, SPARK_CONNECT_ADVICE, is_spark_connect_url
@@ -119,12 +120,54 @@ def run(args: argparse.Namespace) -> int:
     endpoint = _metrics_endpoint(args)  # a busy port, too
     sys.path.insert(0, os.getcwd())
     try:
+        _check_target(args.target)  # a target that does not import: before a record or a JVM
         jobdir = submit(args.name, args.target, config, replace=args.replace)
     except BaseException:
         if endpoint is not None:
             endpoint.server_close()
         raise
     return _supervise(jobdir, force=False, args=args, endpoint=endpoint)
+
+
+def _check_target(target: str) -> None:
+    """Refuse a ``module:function`` target that the driver could not call: its module does
+    not import here (the driver imports it with the same path: the current directory first),
+    or it has no such function. Checked before the job's record is written, so a typo costs
+    neither a driver's JVM start nor a FAILED job that blocks the name."""
+    import importlib
+    import traceback
+
+    module_name, sep, function = target.partition(":")
+    if not sep or not module_name or not function:
+        raise CommandError(
+            f"target {target!r} is not 'module:function'. Write e.g. `epochal run "
+            "my_pipeline:build`, where my_pipeline.py (in the current directory or on "
+            "PYTHONPATH) defines build(spark)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        frames = [  # the module's own frames, not this function's nor importlib's
+            f
+            for f in traceback.extract_tb(exc.__traceback__)[1:]
+            if "<frozen" not in f.filename and f.filename != importlib.__file__
+        ]
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        raise CommandError(
+            f"target {target!r}: module {module_name!r} does not import: "
+            f"{type(exc).__name__}: {exc}{where}. Nothing was "
+            f"written. Run `epochal run` from the directory that holds {module_name}.py, or "
+            "put its directory on PYTHONPATH, and fix what stops its import"
+        ) from None
+    found: Any = module
+    for part in function.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise CommandError(
+            f"target {target!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+            f"has no function {function!r}. Nothing was written. Name the function that "
+            "builds the query: module:function"
+        )
 
 
 def _metrics_endpoint(args: argparse.Namespace) -> Any:
@@ -265,9 +308,12 @@ def _list(args: argparse.Namespace) -> int:
             unreadable += 1
             print(f"{job.name:<24} {UNREADABLE:<11} {exc}")
             continue
+        at = job.progress.get("at")
+        last = time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(float(at))) if at else ""
         print(
             f"{job.name:<24} {status['status']:<11} runs {job.run:<3} restarts "
-            f"{job.restarts:<3} batch {job.progress.get('batch', '-')}  {job.target}"
+            f"{job.restarts:<3} batch {job.progress.get('batch', '-')}{last}  "
+            f"{job.target or '(its own session)'}"
         )
     return 1 if unreadable else 0
 

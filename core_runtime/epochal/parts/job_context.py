@@ -100,12 +100,18 @@ class JobContext:
         )
 
     def holding_the_lease(
-        self, options: Mapping[str, str] | None = None, driver: DriverJvm | None = None
+        self,
+        options: Mapping[str, str] | None = None,
+        driver: DriverJvm | None = None,
+        *,
+        query_start: bool = False,
     ) -> JobContext:
         """This context with the job's lease held by this process's driver (``driver``:
         default, the JVM this process runs under; a query started without ``epochal run``):
         its lease epoch and run. A supervised run holds it already; a query without a
-        snapshot directory holds none, which only less than exactly-once may do."""
+        snapshot directory holds none, which only less than exactly-once may do.
+        ``query_start``: the job's query starts now; a start after the first in this driver
+        begins a new run (:func:`~epochal.state.lease.session.hold`)."""
         if self.supervised:
             return self
         if not self.job_dir:
@@ -124,7 +130,11 @@ class JobContext:
         opts = {k.lower(): v for k, v in (options or {}).items()}
         snapshot_dir, _, name = self.job_dir.rstrip("/").rpartition("/")
         holding = session_lease.hold(
-            JobLayout(snapshot_dir, name), self.guarantee, session_lease.lease_ttl(opts), driver
+            JobLayout(snapshot_dir, name),
+            self.guarantee,
+            session_lease.lease_ttl(opts),
+            driver,
+            query_start=query_start,
         )
         return replace(self, run=holding.run, lease_epoch=holding.epoch)
 

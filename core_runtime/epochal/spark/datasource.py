@@ -23,6 +23,8 @@ from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
 from epochal.spark import features
 from epochal.spark.common import Part, sdk_schema
+from epochal.spark.query_fence import QueryFence
+from epochal.spark.session_progress import SessionQuery
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
 from epochal.state.lease.session import DriverJvm
@@ -264,16 +266,27 @@ _SESSION_CHECK = "_epochal_session_check"
 
 class _SessionCheck(StreamingQueryListener):
     """Checks each query of a plain session when it starts, before Spark plans its sources and
-    sink (Spark calls ``onQueryStarted`` synchronously there)."""
+    sink (Spark calls ``onQueryStarted`` synchronously there), and has the session's query
+    fence (:class:`~epochal.spark.query_fence.QueryFence`) watch the job's lease for it."""
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self.driver: DriverJvm | None = None
+        self.fence = QueryFence(spark)
+        self.queries: dict[str, SessionQuery] = {}
 
     def onQueryStarted(self, event: Any) -> None:
         try:
             self.driver = self.driver or session_driver(self.spark)
-            check_session_query(self.spark, str(event.id), self.driver)
+            verdict = check_session_query(self.spark, str(event.id), self.driver)
+            if verdict is not None and verdict.get("session_record"):
+                record = str(verdict["session_record"])
+                self.fence.watch(record, str(event.id), str(event.runId))
+                query = self.fence.spark.streams.get(str(event.id))
+                if query is not None:  # by run: a restarted query keeps its id
+                    self.queries[str(event.runId)] = SessionQuery.of(
+                        query, str(verdict["job_dir"]), record
+                    )
         except Exception as exc:  # the check must not break the query; say what it missed
             log.warning(
                 "epochal: query %s could not be checked, Spark's own sources and sinks of it "
@@ -284,13 +297,36 @@ class _SessionCheck(StreamingQueryListener):
             )
 
     def onQueryProgress(self, event: Any) -> None:
-        pass
+        query = self.queries.get(str(event.progress.runId))
+        if query is None:
+            return
+        try:
+            query.batch_committed(event.progress)
+        except Exception as exc:  # the job's progress must never break the query
+            log.warning(
+                "epochal: progress of query %s not written: %s: %s",
+                event.progress.id,
+                type(exc).__name__,
+                secrets.mask(str(exc)),
+            )
 
     def onQueryIdle(self, event: Any) -> None:
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        self.fence.forget(str(event.runId))
+        query = self.queries.pop(str(event.runId), None)
+        if query is None:
+            return
+        try:
+            query.ended(str(event.exception) if event.exception else None)
+        except Exception as exc:
+            log.warning(
+                "epochal: the end of query %s not written: %s: %s",
+                event.id,
+                type(exc).__name__,
+                secrets.mask(str(exc)),
+            )
 
 
 def _refuse_what_the_session_check_refused(context: JobContext) -> None:

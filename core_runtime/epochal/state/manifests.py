@@ -28,11 +28,13 @@ LOGS = ("offsets", "commits")
 """The logs of Spark's checkpoint that the manifests cover."""
 
 
-def record_manifest(state: str, batch: int, fence: Fence) -> None:
+def record_manifest(state: str, batch: int, fence: Fence, checkpoint_at: str | None = None) -> None:
     """Record the checksums of Spark's offset and commit log entries of ``batch`` in the
-    snapshot store of the state directory ``state`` (anchored to it when the run is leased)."""
+    snapshot store of the state directory ``state`` (anchored to it when the run is leased).
+    The checkpoint is ``<state>/checkpoint``, or ``checkpoint_at`` (a plain session's query
+    keeps it where its ``checkpointLocation`` says)."""
     entry = {}
-    checkpoint = Checkpoint(f"{state}/checkpoint")
+    checkpoint = Checkpoint(checkpoint_at or f"{state}/checkpoint")
     for log_name in LOGS:
         try:
             data = checkpoint.read(f"{log_name}/{batch}")
@@ -57,10 +59,12 @@ def verify_job(jobdir: JobDirectory) -> list[str]:
     record = jobdir.load()
     batch = record.progress.get("batch")
     if batch is not None:
-        checkpoint = Checkpoint(jobdir.checkpoint)
+        # a plain session's query notes its own checkpoint (its checkpointLocation)
+        location = str(record.driver.get("checkpoint") or jobdir.checkpoint)
+        checkpoint = Checkpoint(location)
         if not checkpoint.batches("commits"):
             problems.append(
-                f"Spark's checkpoint {jobdir.checkpoint} has no commit log, but the job had "
+                f"Spark's checkpoint {location} has no commit log, but the job had "
                 f"committed batch {batch}: the checkpoint was lost or moved"
             )
         else:

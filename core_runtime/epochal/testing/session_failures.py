@@ -10,8 +10,9 @@ and once (the split brain) while the old driver still lives.
 2. The second fault pauses B at the most dangerous step (SIGSTOP of all of B's processes,
    its keeper included, as a partition or a long GC would). The restarter gives up on B and
    starts C: C must wait out B's lease (its TTL after B's last renewal), then takes the job
-   over and commits a batch. B is resumed (SIGCONT): its keeper finds the lease lost and
-   kills B's JVM; B decides, acknowledges and writes nothing.
+   over and commits a batch. B is resumed (SIGCONT): its keeper finds the lease lost, B's
+   query fence ends B's query (the keeper kills B's JVM if it does not end within a
+   quarter TTL), and the application exits; B decides, acknowledges and writes nothing.
 3. C's whole driver and one of its Python workers are killed at random moments; the
    restarter starts the next driver each time, until one finishes the data.
 """

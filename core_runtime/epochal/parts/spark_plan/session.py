@@ -18,8 +18,8 @@ from epochal.parts.job_context import JobContext
 from epochal.parts.spark_plan.judgement import PartResult, Verdict, below, refusal_message
 from epochal.parts.spark_plan.reading import read_started_query
 from epochal.state.layout import JobLayout
-from epochal.state.lease.session import DriverJvm
-from epochal_sdk import Guarantee
+from epochal.state.lease.session import DriverJvm, record_path
+from epochal_sdk import EpochalError, Guarantee
 
 log = logging.getLogger("epochal.parts.spark_plan")
 
@@ -54,7 +54,9 @@ def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[st
     written to the driver's verdict in the job's directory, and epochal's data source raises
     it as a ``GuaranteeError`` when Spark plans the query, before any batch runs
     (:func:`session_refusal`). The verdict is written at every start of a query of the job,
-    refusing or not, so a later query of the same driver never meets an earlier one's.
+    refusing or not, so a later query of the same driver never meets an earlier one's. A
+    query not refused holds its job's lease from here, and a start after the first in this
+    driver begins a new run (:func:`_start_of_query`).
 
     Returns:
         the verdict written (also when the job has no directory to write it to), or None when
@@ -111,7 +113,42 @@ def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[st
         with files.open_private(temporary) as fh:
             json.dump(written, fh)
         os.replace(temporary, path)
+        if not refused:
+            held = _start_of_query(context, started.job_options, driver, name)
+            if held is not None:
+                written["session_record"] = held
+                written["job_dir"] = context.job_dir
     return written
+
+
+def _start_of_query(
+    context: JobContext, options: Any, driver: DriverJvm, query_name: str
+) -> str | None:
+    """The job's query starts in this driver: the driver holds the job's lease from here,
+    and every start of the query after the first in this driver's JVM begins a new run
+    (:func:`~epochal.state.lease.session.hold` with ``query_start``), before Spark plans
+    the query's parts, so that its sinks' recovery at the start of the run settles what the
+    stopped query left prepared, as a new driver's would. A lease that cannot be held is
+    only noted here: the query's planning meets it again and fails with it.
+
+    Returns:
+        the driver's session record of the job (:func:`~epochal.state.lease.session.
+        record_path`), which the driver's query fence watches, or None when no lease is
+        held."""
+    try:
+        held = context.holding_the_lease(options, driver, query_start=True)
+    except EpochalError as exc:
+        log.warning(
+            "epochal: query %r of job %r: the job's lease is not held: %s",
+            query_name,
+            context.job,
+            exc,
+        )
+        return None
+    if not held.fence.active or held.job_dir is None:
+        return None
+    snapshot_dir, _, name = held.job_dir.rstrip("/").rpartition("/")
+    return record_path(JobLayout(snapshot_dir, name), driver)
 
 
 def session_refusal(context: JobContext) -> str | None:

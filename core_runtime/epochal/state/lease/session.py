@@ -18,12 +18,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epochal.base import files, processes
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import LEASE_TTL
 from epochal_sdk import EpochalError, Guarantee
+
+if TYPE_CHECKING:
+    from epochal.state.jobs import JobDirectory
 
 KEEPER_MODULE = "epochal.control.lease_keeper"
 """The lease keeper's module, run as a process of its own."""
@@ -90,31 +93,50 @@ def lease_ttl(options: dict[str, str]) -> float:
 
 
 def hold(
-    layout: JobLayout, guarantee: Guarantee, ttl: float, driver: DriverJvm | None = None
+    layout: JobLayout,
+    guarantee: Guarantee,
+    ttl: float,
+    driver: DriverJvm | None = None,
+    *,
+    query_start: bool = False,
 ) -> Holding:
     """The job's lease as this process's driver (``driver``: default, the JVM this process
     runs under) holds it: read from the driver's record, or taken now by a new keeper
     (waiting out a live holder's TTL). Raises :class:`LeaseNotHeldError` when another driver
-    keeps the job."""
+    keeps the job.
+
+    ``query_start``: the job's query starts now (Spark plans its epochal sink). The first
+    start in a driver JVM runs as the run the keeper began with the lease; every later start
+    (the query stopped or failed and was started again in the same JVM) begins a new run
+    (:func:`begin_run`), so that its sinks' start-of-run recovery settles what the stopped
+    query left prepared, as a new driver's would, and no transaction id is used twice.
+    Once the driver lost the lease (:data:`LOST` in its record) every planner of the job
+    is refused, but a new start of the query takes the lease again through a new keeper
+    (waiting out the holder that took it)."""
     driver = driver or DriverJvm.current()
     files.makedirs(layout.sessions)
-    path = os.path.join(layout.sessions, f"{driver.key}.json")
+    path = record_path(layout, driver)
     with _locked(path + ".lock"):
-        found = _read(path)
-        if found is not None and "epoch" in found and processes.alive(int(found["keeper"])):
-            return _holding(found)
-        if found is not None and found.get("lost"):
-            raise LeaseNotHeldError(str(found["lost"]))
+        found = read_record(path)
+        if found is not None and found.get(LOST) and not query_start:
+            raise LeaseNotHeldError(str(found[LOST]))
+        if (
+            found is not None
+            and "epoch" in found
+            and not found.get(LOST)
+            and processes.alive(int(found["keeper"]))
+        ):
+            return _holding(_claimed(layout, path, found) if query_start else found)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         keeper = _start_keeper(layout, driver, guarantee, ttl, path)
         deadline = time.monotonic() + ttl + START_GRACE_SECONDS
         while time.monotonic() < deadline:
-            found = _read(path)
+            found = read_record(path)
             if found is not None:
                 if "epoch" in found:
-                    return _holding(found)
-                raise LeaseNotHeldError(str(found.get("error") or found.get("lost")))
+                    return _holding(_claimed(layout, path, found) if query_start else found)
+                raise LeaseNotHeldError(str(found.get("error") or found.get(LOST)))
             if keeper.poll() is not None:
                 raise LeaseNotHeldError(
                     f"job {layout.name!r}: the lease keeper ended ({keeper.returncode}) "
@@ -128,13 +150,142 @@ def hold(
         )
 
 
+LOST = "lost"
+"""In a session record: why the driver may no longer act for the job (its keeper found the
+lease taken over or unrenewable, or the keeper died); written by the keeper (or by the
+driver's query fence when the keeper died)."""
+WATCHER = "watcher"
+"""In a session record: the pid of the driver's process whose query fence watches the record
+(:mod:`epochal.spark.query_fence`): it stops the job's query when the lease is lost."""
+STOPPED = "stopped"
+"""In a session record: when the query fence stopped the job's queries after a loss."""
+QUERY_STOP_FRACTION = 4
+"""A lost lease's query must stop within TTL/4 (:func:`query_stop_bound`)."""
+
+
+def query_stop_bound(ttl: float) -> float:
+    """How long a keeper that lost its lease waits for the driver's query fence to stop the
+    job's query before it kills the driver's JVM (the last resort): a quarter of the TTL. A
+    keeper gives up after half a TTL unrenewed, so the query is stopped, or the JVM killed,
+    within three quarters of the TTL after the last renewal, before the lease can lapse."""
+    return ttl / QUERY_STOP_FRACTION
+
+
+def record_path(layout: JobLayout, driver: DriverJvm) -> str:
+    """The session record of ``driver`` for the job of ``layout`` (what its keeper holds)."""
+    return os.path.join(layout.sessions, f"{driver.key}.json")
+
+
+def update_record(path: str, **fields: Any) -> dict[str, Any] | None:
+    """Set ``fields`` in the session record at ``path``, under its lock; the record as
+    written, or None when there is none (nothing is written then)."""
+    with _locked(path + ".lock"):
+        found = read_record(path)
+        if found is None:
+            return None
+        found.update(fields)
+        write_record(path, found)
+        return found
+
+
+QUERY_STARTED = "query_started"
+"""In a session record: whether a start of the job's query runs as the record's run (a
+later start begins a new run)."""
+
+
+def _claimed(layout: JobLayout, path: str, found: dict[str, Any]) -> dict[str, Any]:
+    """The session record ``found`` at ``path`` claimed by a start of the job's query: its
+    run, if no start ran as it yet, else a new run (:func:`begin_run`). Called under the
+    record's lock."""
+    from epochal.state.jobs import JobDirectory
+
+    if found.get(QUERY_STARTED):
+        jobdir = JobDirectory(layout.snapshot_dir, layout.name)
+        run = begin_run(
+            jobdir,
+            int(found["epoch"]),
+            DriverJvm(int(found["driver"]), int(found["driver_started"])),
+            keeper=int(found["keeper"]),
+            previous=int(found["run"]),
+        )
+        found = {**found, "run": run}
+    found = {**found, QUERY_STARTED: True}
+    write_record(path, found)
+    return found
+
+
+def begin_run(
+    jobdir: JobDirectory, epoch: int, driver: DriverJvm, *, keeper: int, previous: int = 0
+) -> int:
+    """Begin a new run of a session driver's job under lease ``epoch`` in the job's record
+    (fenced: a driver that lost the lease begins nothing): its number, the driver and its
+    keeper, a history entry; ``previous``, the run of this driver whose query stopped, is
+    noted as ended. Returns the new run's number."""
+    from epochal.state.jobs import JobStatus
+    from epochal.state.lease.record import SESSION
+
+    with jobdir.update(jobdir.fence(epoch)) as current:
+        ended = current.run_entry(previous) if previous else None
+        if ended is not None and "ended" not in ended:
+            ended["ended"] = time.time()
+            ended["outcome"] = "its query stopped and was started again in the same driver"
+        current.run += 1
+        current.status = JobStatus.RUNNING
+        checkpoint = current.driver.get("checkpoint")  # noted by the query: kept for verify
+        current.driver = {
+            "pid": driver.pid,
+            "host": socket.gethostname(),
+            "epoch": epoch,
+            "holder": SESSION,
+            "keeper_pid": keeper,
+            **({"checkpoint": checkpoint} if checkpoint else {}),
+        }
+        current.add_run(
+            {
+                "run": current.run,
+                "epoch": epoch,
+                "kind": SESSION,
+                "started": time.time(),
+                "driver_pid": driver.pid,
+            }
+        )
+        return current.run
+
+
 def _holding(found: dict[str, Any]) -> Holding:
     known = set(Holding.__dataclass_fields__)
     return Holding(**{k: v for k, v in found.items() if k in known})
 
 
+def restart_keeper(path: str) -> int:
+    """Start a keeper again for the holding in the session record at ``path``, whose keeper
+    died: it renews the lease at once with the dead keeper's owner and epoch, and keeps it
+    (``--resume``; a lease that another holder took meanwhile is lost as usual). The record
+    names the new keeper at once. Returns its pid, or 0 when the record holds nothing."""
+    with _locked(path + ".lock"):
+        found = read_record(path)
+        if found is None or "epoch" not in found or found.get(LOST) or "job" not in found:
+            return 0
+        keeper = _start_keeper(
+            JobLayout(str(found["snapshot_dir"]), str(found["job"])),
+            DriverJvm(int(found["driver"]), int(found["driver_started"])),
+            Guarantee.parse(str(found["guarantee"])),
+            float(found["ttl"]),
+            path,
+            resume=True,
+        )
+        found.update(keeper=keeper.pid, keeper_restarts=int(found.get("keeper_restarts", 0)) + 1)
+        write_record(path, found)
+        return keeper.pid
+
+
 def _start_keeper(
-    layout: JobLayout, driver: DriverJvm, guarantee: Guarantee, ttl: float, path: str
+    layout: JobLayout,
+    driver: DriverJvm,
+    guarantee: Guarantee,
+    ttl: float,
+    path: str,
+    resume: bool = False,
 ) -> subprocess.Popen[bytes]:
     files.makedirs(layout.logs)
     log = files.open_private(os.path.join(layout.logs, f"session-{driver.pid}.log"), "ab")
@@ -154,6 +305,7 @@ def _start_keeper(
         str(ttl),
         "--record",
         path,
+        *(["--resume"] if resume else []),
     ]
     with log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -169,7 +321,8 @@ def _locked(path: str) -> Any:
         os.close(fd)
 
 
-def _read(path: str) -> dict[str, Any] | None:
+def read_record(path: str) -> dict[str, Any] | None:
+    """The session record at ``path``, or None when there is none (or it is torn)."""
     try:
         with open(path) as fh:
             return dict(json.load(fh))
