@@ -44,7 +44,7 @@ def staged(tmp_path: Path) -> tuple[Path, Path, Prepared, Prepared, Prepared]:
     decided, undecided = _prepare(sink, JOB, 1, "decided"), _prepare(sink, JOB, 2, "undecided")
     other = _prepare(sink, "another", 1, "theirs")
     store = JobDirectory(str(snapshots), JOB).store
-    protocol, _ = two_phase_commit(store, sink, JOB, SINK_ID, run=None)
+    protocol, _ = two_phase_commit(store, sink, JOB, SINK_ID, incarnation="", run=None)
     protocol.decide(1, [decided])
     options = {"path": str(target), "map": "out", "mode": "transactional"}
     store.write_json(

@@ -130,7 +130,7 @@ class Keeper:
                 lease_ttl=self.ttl,
             )
             fence.check("creating the job record")
-            self.jobdir.save(JobRecord(name=self.jobdir.name, target="", config=config.to_dict()))
+            self.jobdir.save(JobRecord.create(self.jobdir.name, "", config.to_dict()))
         with self.jobdir.update(fence) as current:
             current.run += 1
             current.status = JobStatus.RUNNING
@@ -145,8 +145,15 @@ class Keeper:
                 }
             )
             self.run = current.run
+            incarnation = current.incarnation
         holding = Holding(
-            self.epoch, self.run, self.owner, os.getpid(), self.driver.pid, self.driver.started
+            self.epoch,
+            self.run,
+            self.owner,
+            os.getpid(),
+            self.driver.pid,
+            self.driver.started,
+            incarnation,
         )
         write_record(self.record, asdict(holding))
         self.say(f"holding the lease at epoch {self.epoch}, run {self.run}")
