@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.parts.records import read_parts
+from epochal.parts.settling import build_sink, job_incarnation
 from epochal_sdk import (
     ConfigError,
-    ConnectorContext,
     EpochalError,
-    Options,
     RecoveryScope,
     TransactionalSink,
     TransactionId,
@@ -149,33 +148,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def _build(
-    connector: str, sink_id: str, job: str, options: dict[str, str], incarnation: str = ""
-) -> TransactionalSink:
-    from epochal.base import secrets
-    from epochal.parts import registry
-
-    context = ConnectorContext(job=job, part_id=sink_id, incarnation=incarnation)
-    resolved = secrets.resolved(options)  # ``${env:...}`` references, as the job had them
-    sink = registry.connector(connector).sink(Options(connector, resolved, context))
-    if not isinstance(sink, TransactionalSink):
-        raise InDoubtError(
-            f"sink {sink_id} ({connector}) is not a transactional sink: it leaves nothing in doubt"
-        )
-    return sink
-
-
-def job_incarnation(jobdir: Any) -> str:
-    """The incarnation the job's record names ("" without a record, or for a job recorded
-    without one)."""
-    from epochal.state.locks import JobError
-
-    try:
-        return jobdir.load().incarnation
-    except JobError:
-        return ""
-
-
 def sinks_of(
     jobdir: Any,
     *,
@@ -195,13 +167,13 @@ def sinks_of(
         if only and record.part_id != only:
             continue
         options = {**record.options, **overrides}
-        sink = _build(record.connector, record.part_id, jobdir.name, options, incarnation)
+        sink = build_sink(record.connector, record.part_id, jobdir.name, options, incarnation)
         recorded = SinkOfJob(jobdir.name, record.part_id, record.connector, sink, incarnation)
         found[recorded.prefix] = recorded
     if connector and not (only and any(f.sink_id == only for f in found.values())):
         options = dict(overrides)
         try:
-            probe = _build(connector, only or "*", jobdir.name, options)
+            probe = build_sink(connector, only or "*", jobdir.name, options)
         except ConfigError:
             if found:  # the recorded sinks are enough; the options name no other one
                 return [found[k] for k in sorted(found)]
@@ -212,7 +184,7 @@ def sinks_of(
         for inc, sink_id in sorted(ids):
             if transaction_prefix(jobdir.name, sink_id, inc) in found:
                 continue
-            sink = _build(connector, sink_id, jobdir.name, options, inc)
+            sink = build_sink(connector, sink_id, jobdir.name, options, inc)
             extra = SinkOfJob(jobdir.name, sink_id, connector, sink, inc, recorded=False)
             found[extra.prefix] = extra
         probe.close()
