@@ -165,9 +165,9 @@ def test_cancel_settles_what_a_killed_job_left_prepared_and_the_name_runs_again(
     tmp_path: Path, map_path: str
 ) -> None:
     job = _killed_before_deciding_batch_2(tmp_path, map_path, "upg")
-    old = job.status().incarnation
     assert job.cancel().status == JobStatus.CANCELLED
     assert _prepared(map_path) == []  # rolled back before the snapshots went
+    old = job.status().incarnation  # the cancelled job's record stays
 
     again = Job.submit("upg", "pipelines:copy", _config(tmp_path))  # the name is not burnt
     record = again.join(300)
