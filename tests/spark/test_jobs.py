@@ -3,9 +3,11 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
+from epochal_sdk import TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -186,6 +189,15 @@ def test_replace_settles_what_a_killed_job_left_prepared_and_starts_over(
     # started over: batches 0 and 1 again (their 100 records a second time, as a replace
     # means), batch 2's first attempt never shown
     assert len(_output(map_path)) == 200 and _written(map_path, "output") == 300
+    # no task of the new job was refused as a zombie of the old one (same ids) and retried
+    assert _committed_attempts(map_path) == {0}
+
+
+def _committed_attempts(path: str) -> set[int]:
+    """The task attempts of every transaction the map file committed."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT txn_id FROM txns WHERE state = 'committed'").fetchall()
+    return {TransactionId.of(txn).attempt for (txn,) in rows}
 
 
 def test_a_sink_the_changed_code_no_longer_writes_is_settled_at_the_next_run(
