@@ -34,6 +34,7 @@ class Job:
         config: JobConfig | None = None,
         *,
         replace: bool = False,
+        force: bool = False,
         report: Callable[[str], None] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         pool: DriverPool | None = None,
@@ -43,10 +44,12 @@ class Job:
         ``target`` is ``"module:function"`` (or such a function): it gets a SparkSession and
         returns ``df.writeStream...`` (not started); it is called again on every restart.
         ``pool`` gives warm drivers to start from (see
-        :class:`epochal.control.launcher.DriverPool`).
+        :class:`epochal.control.launcher.DriverPool`). With ``replace`` (or over a cancelled
+        job) what the old job left in doubt is settled first, or the submit refused unless
+        ``force`` (see :func:`epochal.control.job_requests.submit`).
         """
         config = config or JobConfig()
-        submit(name, target, config, replace=replace)
+        submit(name, target, config, replace=replace, force=force, report=report)
         job = cls(name, config.snapshot_dir)
         job._start(report, on_progress, pool)
         return job
@@ -87,9 +90,11 @@ class Job:
         assert self._result is not None
         return self._result
 
-    def cancel(self) -> JobRecord:
-        """Stop the job and delete its snapshots."""
-        return request(self.jobdir, "cancel")
+    def cancel(self, force: bool = False) -> JobRecord:
+        """Stop the job, settle what it left in doubt and delete its snapshots (refused when
+        a sink cannot be settled, unless ``force``: see
+        :func:`epochal.control.job_requests.request`)."""
+        return request(self.jobdir, "cancel", force=force)
 
     def suspend(self) -> JobRecord:
         """Stop the job, keeping its snapshots so it can resume."""

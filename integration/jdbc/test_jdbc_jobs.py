@@ -15,6 +15,7 @@ from epochal_jdbc.testing import JdbcSinkUnderTest
 
 from epochal import Job, JobConfig, JobStatus
 from epochal.pipelines import SPEC_ENV
+from epochal.state.locks import JobError
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map.testing import MapSourceUnderTest
 from integration.harness.plugin import PostgresDatabase
@@ -148,4 +149,41 @@ def test_a_bad_record_fails_the_job_naming_table_and_batch(
     assert "table output (batch 1" in record.failure and "output_value_check" in record.failure
     written = [int(k) for k, _ in sink.committed("transactional")]
     assert len(set(written)) == len(written) == 100 and 150 not in written  # batch 0 only
+    assert sink.in_doubt() == []
+
+
+def test_a_killed_job_cancelled_leaves_nothing_prepared_and_its_name_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_db: PostgresDatabase
+) -> None:
+    """Killed before batch 1's decision (its transactions PREPAREd in PostgreSQL, holding
+    locks), then cancelled: the cancel rolls them back before it deletes the snapshots. The
+    same name then runs again from scratch: its transaction ids (of a new incarnation) are
+    not the first job's, so batch 0, committed by the first job, commits again."""
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(300))
+    sink = JdbcSinkUnderTest(postgres_db.dsn)
+    monkeypatch.setenv("EPOCHAL_IT_PG_URL", postgres_db.dsn)  # the secret stays out of records
+    _spec(monkeypatch, source, {**sink.options("transactional"), "url": "${env:EPOCHAL_IT_PG_URL}"})
+    killed = _config(tmp_path, faults="sink.before_decision@1", max_restarts=0)
+    job = Job.submit("reusepg", "epochal.pipelines:copy", killed)
+    assert job.join(600).status == JobStatus.FAILED
+    first = Counter(int(key) for key, _ in sink.committed("transactional"))
+    assert sum(first.values()) == len(first) == 100  # batch 0
+    assert sink.in_doubt() != []  # batch 1, prepared
+
+    with monkeypatch.context() as without:  # PostgreSQL cannot be reached: refused
+        without.delenv("EPOCHAL_IT_PG_URL")
+        with pytest.raises(JobError, match="in-doubt settle reusepg") as refused:
+            job.cancel()
+    prefix = sink.in_doubt()[0].rsplit(".", 4)[0]  # the job's, still prepared
+    assert f"its prepared transactions {prefix}.* could not be settled" in str(refused.value)
+    assert job.cancel().status == JobStatus.CANCELLED
+    assert sink.in_doubt() == []
+
+    again = Job.submit("reusepg", "epochal.pipelines:copy", _config(tmp_path)).join(600)
+    assert again.status == JobStatus.COMPLETED, again.failure
+    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
+    assert sorted(counts) == list(range(300)), "lost records"
+    # the second job wrote every record once; the first job's batch 0 stays as it committed
+    assert {k: n - first[k] for k, n in counts.items()} == dict.fromkeys(range(300), 1)
     assert sink.in_doubt() == []

@@ -104,3 +104,45 @@ def _some_output(sink: KafkaSinkUnderTest) -> bool:
         return bool(read_to_end(sink.bootstrap, sink.topic, timeout=5))
     except AssertionError:  # a transaction is open right now: output is coming
         return True
+
+
+def test_a_killed_job_cancelled_leaves_no_open_transaction_and_its_name_runs_again(
+    kafka_source: KafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest, tmp_path: Any
+) -> None:
+    """Killed before batch 1's decision, then cancelled: the cancel fences the old job's
+    writer ids (aborting what they left open) before it deletes the snapshots. The same name
+    then runs again with writer ids of a new incarnation and writes every record once."""
+    ids = list(range(200))
+    kafka_source.produce(ids)
+    spec = {
+        "source": "kafka",
+        "source_options": {**kafka_source.options(), "maxRecordsPerBatch": "25"},
+        "sink": "kafka",
+        "sink_options": kafka_sink.options("transactional"),
+        "id_expr": kafka_source.id_expr,
+    }
+    os.environ[SPEC_ENV] = json.dumps(spec)
+    name = f"reuse-{uuid.uuid4().hex[:8]}"
+
+    def config(**changes: Any) -> JobConfig:
+        return JobConfig(
+            available_now=True,
+            snapshot_dir=str(tmp_path / "snapshots"),
+            master=LOCAL,
+            spark_conf=dict(TEST_SPARK_CONF),
+            **changes,
+        )
+
+    killed = config(faults="sink.before_decision@1", max_restarts=0)
+    job = Job.submit(name, "epochal.pipelines:copy", killed)
+    assert job.join(600).status == JobStatus.FAILED
+    first = Counter(int(v) for _, v in kafka_sink.committed("transactional"))
+    assert job.cancel().status == JobStatus.CANCELLED
+    assert unstable_partitions(kafka_sink.bootstrap, kafka_sink.topic) == []
+
+    again = Job.submit(name, "epochal.pipelines:copy", config()).join(600)
+    assert again.status == JobStatus.COMPLETED, again.failure
+    seen = Counter(int(v) for _, v in kafka_sink.committed("transactional"))
+    assert sorted(seen) == ids, "lost records"
+    assert {i: n - first[i] for i, n in seen.items()} == dict.fromkeys(ids, 1)
+    assert unstable_partitions(kafka_sink.bootstrap, kafka_sink.topic) == []

@@ -166,6 +166,10 @@ class ConnectorContext:
             the connector said it can give); exactly-once before it is known.
         metrics: where the connector counts its own things (see
             :class:`~epochal_sdk.context.Metrics`).
+        incarnation: the job's incarnation (see :mod:`epochal_sdk.ids`): new when a job is
+            created anew under a name, the same for all its runs; in every id below, so a
+            successor under the same name never reuses a predecessor's id ("" for a job
+            recorded without one, and outside a job).
     """
 
     job: str = "default"
@@ -178,6 +182,7 @@ class ConnectorContext:
     query_id: str = ""
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
     metrics: Metrics = field(default_factory=Metrics, compare=False, repr=False)
+    incarnation: str = ""
 
     @property
     def in_task(self) -> bool:
@@ -187,9 +192,10 @@ class ConnectorContext:
 
     @property
     def transaction_prefix(self) -> str:
-        """The prefix of every transaction id of this part (``ep.<job>.<part id>``): what
-        :class:`~epochal_sdk.RecoveryScope` and the ids below start with."""
-        return transaction_prefix(self.job, self.part_id)
+        """The prefix of every transaction id of this part
+        (``ep.<job>.<incarnation>.<part id>``, see ``transaction_prefix``):
+        what :class:`~epochal_sdk.RecoveryScope` and the ids below start with."""
+        return transaction_prefix(self.job, self.part_id, self.incarnation)
 
     @property
     def txn(self) -> TransactionId:
@@ -212,7 +218,7 @@ class ConnectorContext:
         """The id of the ``position``-th record (from 0) this task writes: the same on every
         replay of the batch (see :class:`~epochal_sdk.ids.RecordId`). In a task only."""
         batch, partition = self._task("a record id")
-        return str(RecordId(self.job, self.part_id, batch, partition, position))
+        return str(RecordId(self.job, self.part_id, batch, partition, position, self.incarnation))
 
     def _task(self, what: str) -> tuple[int, int]:
         if self.batch is None or self.partition is None:

@@ -1,18 +1,29 @@
 """The ids the runtime derives for a sink's writes, in one place.
 
-Every id is derived from the job, the sink's part id and the task, never random, so that a
-restarted job finds what an earlier run left behind, and a newer run never reuses an older
-run's id. Connectors build and read them only through these types:
+Every id is derived from the job, its incarnation, the sink's part id and the task, never
+random, so that a restarted job finds what an earlier run left behind, and a newer run never
+reuses an older run's id. Connectors build and read them only through these types:
 
-* :class:`TransactionId` ``ep.<job>.<sink>.<batch>.<partition>.<run>.<attempt>``: one
-  transaction of one task attempt (two-phase commit: prepared by the task, committed by the
-  driver, found again by :meth:`~epochal_sdk.RecoveryScope.matches`).
-* :class:`WriterId` ``ep.<job>.<sink>.<partition>``: one writer per Spark partition, the
-  same for every batch, run and attempt (for systems that fence a writer by a fixed id, like
-  Kafka's ``transactional.id``).
-* :class:`RecordId` ``<job>.<sink>.<batch>.<partition>.<position>``: one record a task
-  writes, the same on every replay of the batch (for systems that drop duplicates by an id,
-  like a broker's duplicate detection).
+* :class:`TransactionId` ``ep.<job>.<incarnation>.<sink>.<batch>.<partition>.<run>.<attempt>``:
+  one transaction of one task attempt (two-phase commit: prepared by the task, committed by
+  the driver, found again by :meth:`~epochal_sdk.RecoveryScope.matches`).
+* :class:`WriterId` ``ep.<job>.<incarnation>.<sink>.<partition>``: one writer per Spark
+  partition, the same for every batch, run and attempt (for systems that fence a writer by a
+  fixed id, like Kafka's ``transactional.id``).
+* :class:`RecordId` ``<job>.<incarnation>.<sink>.<batch>.<partition>.<position>``: one record
+  a task writes, the same on every replay of the batch (for systems that drop duplicates by
+  an id, like a broker's duplicate detection).
+
+**The incarnation** tells apart the jobs that carried the same name one after another. A job
+created anew (its first ``run``, ``run --replace``, a ``run`` after ``jobs cancel``, a session
+job whose job directory was emptied) gets a new one, recorded in its job record; every
+restart, resume and run of that job keeps it, so recovery finds its own earlier runs'
+transactions, while a successor under the same name never reuses (and so never collides
+with, nor is taken for a zombie of) a predecessor's transaction, writer or record id. It is
+``new_incarnation``: the job record's creation time in milliseconds, in base 36 (8
+characters until the year 2059), made to differ from the predecessor's when there is one. A
+job recorded before incarnations existed has none (``""``): its ids keep the form without it
+(``ep.<job>.<sink>...``), and every reader parses both forms.
 
 Job names and part ids hold letters, digits, ``-`` and ``_`` only, so the dots separate.
 """
@@ -26,23 +37,88 @@ ID_PREFIX = "ep"
 """The first part of every transaction and writer id."""
 
 
-def transaction_prefix(job: str, sink_id: str) -> str:
-    """The transaction id prefix of a job's sink: ``ep.<job>.<sink id>``."""
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def new_incarnation(created: float, previous: str = "") -> str:
+    """The incarnation of a job created at ``created`` (seconds since the epoch, as the job
+    record keeps it): the milliseconds in base 36. When the job replaces a predecessor of
+    the same name (``previous``, its incarnation), the result differs from it even if both
+    were created in the same millisecond.
+
+    Args:
+        created: the job record's creation time.
+        previous: the incarnation of the job this one replaces ("" when there is none).
+
+    Returns:
+        A short token of digits and lowercase letters.
+    """
+    millis = int(created * 1000)
+    while True:
+        digits = ""
+        value = millis
+        while True:
+            value, rest = divmod(value, 36)
+            digits = _BASE36[rest] + digits
+            if not value:
+                break
+        if digits != previous:
+            return digits
+        millis += 1
+
+
+def job_head(job: str) -> str:
+    """What every transaction and writer id of ``job`` starts with, whatever its incarnation
+    and sink: ``ep.<job>.``."""
+    return f"{ID_PREFIX}.{job}."
+
+
+def transaction_prefix(job: str, sink_id: str, incarnation: str = "") -> str:
+    """The transaction id prefix of a job's sink: ``ep.<job>.<incarnation>.<sink id>``, or
+    ``ep.<job>.<sink id>`` for a job recorded without an incarnation (``incarnation`` "")."""
+    if incarnation:
+        return f"{ID_PREFIX}.{job}.{incarnation}.{sink_id}"
     return f"{ID_PREFIX}.{job}.{sink_id}"
 
 
-def _split_prefix(prefix: str) -> tuple[str, str] | None:
-    parts = prefix.split(".")
-    if len(parts) != 3 or parts[0] != ID_PREFIX or not parts[1] or not parts[2]:
+@dataclass(frozen=True)
+class PrefixParts:
+    """What a transaction prefix names (see ``transaction_prefix``).
+
+    Attributes:
+        job: the job's name.
+        incarnation: the job's incarnation ("" for the form without one).
+        sink_id: the sink's part id.
+    """
+
+    job: str
+    incarnation: str
+    sink_id: str
+
+    @classmethod
+    def parse(cls, prefix: str) -> PrefixParts | None:
+        """The parts of ``prefix`` in either form, or None for a prefix of another form."""
+        parts = prefix.split(".")
+        if parts[0] != ID_PREFIX or not all(parts[1:]):
+            return None
+        if len(parts) == 3:
+            return cls(parts[1], "", parts[2])
+        if len(parts) == 4:
+            return cls(parts[1], parts[2], parts[3])
         return None
-    return parts[1], parts[2]
+
+    @property
+    def prefix(self) -> str:
+        """The prefix again (``transaction_prefix``)."""
+        return transaction_prefix(self.job, self.sink_id, self.incarnation)
 
 
 @dataclass(frozen=True, order=True)
 class TransactionId:
     """The one id scheme of transactions driven by the runtime:
     ``<prefix>.<batch>.<partition>.<run>.<attempt>``, where ``<prefix>`` is
-    ``ep.<job>.<sink id>`` (see
+    ``ep.<job>.<incarnation>.<sink id>`` (``ep.<job>.<sink id>`` for a job without an
+    incarnation; see
     :attr:`ConnectorContext.transaction_prefix <epochal_sdk.ConnectorContext.transaction_prefix>`).
 
     Unique per task attempt, the same on a retry of the same step, never random; the run
@@ -52,7 +128,8 @@ class TransactionId:
     ``str(txn)`` is the id, :meth:`parse` reads one back.
 
     Attributes:
-        prefix: ``ep.<job>.<sink id>``, the same for every transaction of the sink.
+        prefix: ``ep.<job>.<incarnation>.<sink id>``, the same for every transaction of
+            the sink.
         batch: the micro-batch (snapshot epoch) the task wrote.
         partition: the Spark partition of the task.
         run: the job run that prepared it.
@@ -120,14 +197,21 @@ class TransactionId:
     @property
     def job(self) -> str | None:
         """The job in the prefix (None for a prefix of another form)."""
-        split = _split_prefix(self.prefix)
-        return split[0] if split else None
+        split = PrefixParts.parse(self.prefix)
+        return split.job if split else None
+
+    @property
+    def incarnation(self) -> str | None:
+        """The job's incarnation in the prefix ("" for the form without one, None for a
+        prefix of another form)."""
+        split = PrefixParts.parse(self.prefix)
+        return split.incarnation if split else None
 
     @property
     def sink_id(self) -> str | None:
         """The sink's part id in the prefix (None for a prefix of another form)."""
-        split = _split_prefix(self.prefix)
-        return split[1] if split else None
+        split = PrefixParts.parse(self.prefix)
+        return split.sink_id if split else None
 
 
 def batch_of(transaction_id: str) -> int:
@@ -144,7 +228,7 @@ class WriterId:
     <epochal_sdk.ConnectorContext.writer_id>`.
 
     Attributes:
-        prefix: ``ep.<job>.<sink id>``.
+        prefix: ``ep.<job>.<incarnation>.<sink id>`` (see ``transaction_prefix``).
         partition: the Spark partition.
     """
 
@@ -173,7 +257,8 @@ class WriterId:
 
 @dataclass(frozen=True, order=True)
 class RecordId:
-    """``<job>.<sink>.<batch>.<partition>.<position>``: the ``position``-th record (from 0)
+    """``<job>.<incarnation>.<sink>.<batch>.<partition>.<position>`` (without
+    ``<incarnation>.`` for a job recorded without one): the ``position``-th record (from 0)
     that the task of ``partition`` writes in ``batch``. The same on every replay of the batch,
     whatever the run or the attempt, as long as the pipeline is deterministic (the runtime's
     key-stability check fails a replay that is not): for a system that drops duplicates by an
@@ -186,6 +271,7 @@ class RecordId:
         batch: the micro-batch.
         partition: the Spark partition of the task.
         position: the record's position among the task's records, from 0.
+        incarnation: the job's incarnation ("" for a job recorded without one).
     """
 
     job: str
@@ -193,9 +279,11 @@ class RecordId:
     batch: int
     partition: int
     position: int
+    incarnation: str = ""
 
     def __str__(self) -> str:
-        return f"{self.job}.{self.sink_id}.{self.batch}.{self.partition}.{self.position}"
+        job = f"{self.job}.{self.incarnation}" if self.incarnation else self.job
+        return f"{job}.{self.sink_id}.{self.batch}.{self.partition}.{self.position}"
 
 
 Purpose = Literal["recovery", "batch", "inspect"]
@@ -207,7 +295,7 @@ class RecoveryScope:
     :meth:`~epochal_sdk.TransactionalSink.in_doubt` by the runtime.
 
     Attributes:
-        prefix: the sink's transaction id prefix (``ep.<job>.<sink id>``).
+        prefix: the sink's transaction id prefix (``transaction_prefix``).
         purpose: ``recovery``: at the start of a run (or an operator settling a stopped
             job): every batch; nothing of the job runs, and what is found is committed (if
             decided) or rolled back. ``batch``: after batch :attr:`batch` was decided, its

@@ -11,7 +11,8 @@ from epochal.startup.warmup import WARMUP_QUERY_PREFIX
 
 
 def copy(spark: Any) -> Any:
-    """map journal 'input' → map 'output' (the sink connector from EPOCHAL_TEST_SINK)."""
+    """map journal 'input' → map 'output' (the sink connector from EPOCHAL_TEST_SINK, the
+    map from EPOCHAL_TEST_OUTPUT when set: a change of the job's code to another sink)."""
     return _to_output(events(spark))
 
 
@@ -32,7 +33,7 @@ def _to_output(frame: Any) -> Any:
     writer = (
         frame.writeStream.format(f"epochal.{sink}")
         .option("path", os.environ["EPOCHAL_TEST_MAP"])
-        .option("map", "output")
+        .option("map", os.environ.get("EPOCHAL_TEST_OUTPUT", "output"))
         .option("mode", "transactional")
     )
     lowered = os.environ.get("EPOCHAL_TEST_SINK_GUARANTEE")

@@ -3,9 +3,11 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
+from epochal_sdk import TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -135,6 +138,81 @@ def test_suspend_resume_and_cancel(tmp_path: Path, map_path: str) -> None:
     assert record.status == JobStatus.CANCELLED
     assert not os.path.exists(job.jobdir.checkpoint)
     assert not os.path.exists(job.jobdir.store.base)
+
+
+# -- starting over: cancel, --replace, a changed sink (each after a kill that left batch 2's
+# transactions prepared: the 2PC decision of batch 2 never made)
+KILLED_BEFORE_DECISION = {"faults": "sink.before_decision@2", "max_restarts": 0}
+
+
+def _killed_before_deciding_batch_2(tmp_path: Path, map_path: str, name: str) -> Job:
+    job = Job.submit(name, "pipelines:copy", _config(tmp_path, **KILLED_BEFORE_DECISION))
+    assert job.join(300).status == JobStatus.FAILED
+    assert len(_output(map_path)) == 100  # batches 0 and 1
+    assert _prepared(map_path), "the kill left no transaction of batch 2 prepared"
+    return job
+
+
+def _prepared(path: str) -> list[str]:
+    with MapStore(path) as store:
+        return store.in_doubt("ep.")
+
+
+def _written(path: str, map: str) -> int:
+    """Every record the map's journal holds (a duplicate is a second one of a key)."""
+    with MapStore(path) as store:
+        return sum(store.journal_end(map, p) for p in store.journal_partitions(map))
+
+
+def test_cancel_settles_what_a_killed_job_left_prepared_and_the_name_runs_again(
+    tmp_path: Path, map_path: str
+) -> None:
+    job = _killed_before_deciding_batch_2(tmp_path, map_path, "upg")
+    assert job.cancel().status == JobStatus.CANCELLED
+    assert _prepared(map_path) == []  # rolled back before the snapshots went
+    old = job.status().incarnation  # the cancelled job's record stays
+
+    again = Job.submit("upg", "pipelines:copy", _config(tmp_path))  # the name is not burnt
+    record = again.join(300)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    assert record.incarnation != old
+    assert len(_output(map_path)) == 200 and _prepared(map_path) == []
+
+
+def test_replace_settles_what_a_killed_job_left_prepared_and_starts_over(
+    tmp_path: Path, map_path: str
+) -> None:
+    _killed_before_deciding_batch_2(tmp_path, map_path, "upg")
+    job = Job.submit("upg", "pipelines:copy", _config(tmp_path), replace=True)
+    assert job.join(300).status == JobStatus.COMPLETED
+    assert _prepared(map_path) == []
+    # started over: batches 0 and 1 again (their 100 records a second time, as a replace
+    # means), batch 2's first attempt never shown
+    assert len(_output(map_path)) == 200 and _written(map_path, "output") == 300
+    # no task of the new job was refused as a zombie of the old one (same ids) and retried
+    assert _committed_attempts(map_path) == {0}
+
+
+def _committed_attempts(path: str) -> set[int]:
+    """The task attempts of every transaction the map file committed."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT txn_id FROM txns WHERE state = 'committed'").fetchall()
+    return {TransactionId.of(txn).attempt for (txn,) in rows}
+
+
+def test_a_sink_the_changed_code_no_longer_writes_is_settled_at_the_next_run(
+    tmp_path: Path, map_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _killed_before_deciding_batch_2(tmp_path, map_path, "upg")
+    monkeypatch.setenv("EPOCHAL_TEST_OUTPUT", "output2")  # the code now writes another map
+    record = job.resume(report=lambda line: None).join(300)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    assert _prepared(map_path) == []  # the old sink's batch 2, rolled back
+    with MapStore(map_path) as store:
+        old, new = store.entries("output"), store.entries("output2")
+    assert len(old) == 100 and len(new) == 100 and not set(old) & set(new)  # 0 lost, 0 dup
+    assert _written(map_path, "output") == 100 and _written(map_path, "output2") == 100
+    assert len([k for k in job.jobdir.store.list("parts") if "/sink-" in k]) == 1  # the new one
 
 
 def test_a_continuous_query_that_stops_on_its_own_is_restarted(

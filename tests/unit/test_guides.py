@@ -363,7 +363,9 @@ class Files:
         return Prepared(str(task.txn), json.loads(json.dumps(data)))
 
     def protocol(self, run: int) -> Any:
-        return two_phase_commit(self.store, self.sink(), "guides", "files-1", run=run)[0]
+        return two_phase_commit(
+            self.store, self.sink(), "guides", "files-1", incarnation="", run=run
+        )[0]
 
     def visible(self) -> list[str]:
         return [

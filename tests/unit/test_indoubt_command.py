@@ -10,11 +10,12 @@ import pyarrow as pa
 import pytest
 
 from epochal.config import JobConfig
-from epochal.control.job_requests import submit
+from epochal.control.job_requests import request, submit
 from epochal.ops import cli
 from epochal.ops.indoubt import main
 from epochal.protocols.transactions import two_phase_commit
-from epochal.state.jobs import JobDirectory
+from epochal.state.jobs import JobDirectory, JobStatus
+from epochal.state.locks import JobError
 from epochal.testing import prepare_transaction
 from epochal_map import MapSink, MapStore
 from epochal_sdk import ConnectorContext, Options, Prepared
@@ -29,8 +30,10 @@ def _sink(path: Path, job: str = JOB) -> MapSink:
     return MapSink(Options("map", options, ConnectorContext(job=job, part_id=SINK_ID)))
 
 
-def _prepare(sink: MapSink, job: str, batch: int, key: str) -> Prepared:
-    task = ConnectorContext(job, SINK_ID, batch, 0, 0, SCHEMA, run=1)
+def _prepare(
+    sink: MapSink, job: str, batch: int, key: str, incarnation: str = "", sink_id: str = SINK_ID
+) -> Prepared:
+    task = ConnectorContext(job, sink_id, batch, 0, 0, SCHEMA, run=1, incarnation=incarnation)
     return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 
@@ -39,12 +42,15 @@ def staged(tmp_path: Path) -> tuple[Path, Path, Prepared, Prepared, Prepared]:
     """A job with one decided and one undecided transaction, and another job's one."""
     snapshots, target = tmp_path / "snapshots", tmp_path / "target.sqlite"
     submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)))
+    jobdir = JobDirectory(str(snapshots), JOB)
+    incarnation = jobdir.load().incarnation
     sink = _sink(target)
     sink.check(SCHEMA)
-    decided, undecided = _prepare(sink, JOB, 1, "decided"), _prepare(sink, JOB, 2, "undecided")
+    decided = _prepare(sink, JOB, 1, "decided", incarnation)
+    undecided = _prepare(sink, JOB, 2, "undecided", incarnation)
     other = _prepare(sink, "another", 1, "theirs")
-    store = JobDirectory(str(snapshots), JOB).store
-    protocol, _ = two_phase_commit(store, sink, JOB, SINK_ID, run=None)
+    store = jobdir.store
+    protocol, _ = two_phase_commit(store, sink, JOB, SINK_ID, incarnation=incarnation, run=None)
     protocol.decide(1, [decided])
     options = {"path": str(target), "map": "out", "mode": "transactional"}
     store.write_json(
@@ -124,3 +130,106 @@ def test_an_option_given_as_a_reference_is_resolved_so_no_secret_is_on_the_comma
     ]  # fmt: skip
     assert main(found) == 0
     assert decided.transaction_id in capsys.readouterr().out
+
+
+# -- a job's end settles what it left in doubt -------------------------------------------------
+def _job(snapshots: Path) -> JobDirectory:
+    return JobDirectory(str(snapshots), JOB)
+
+
+def test_cancel_settles_the_jobs_transactions_before_deleting_its_snapshots(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared],
+) -> None:
+    snapshots, target, _, undecided, other = staged
+    said: list[str] = []
+    record = request(_job(snapshots), "cancel", report=said.append)
+    assert record.status == JobStatus.CANCELLED
+    assert not _job(snapshots).store.list("parts")  # the snapshots went, after settling
+    with MapStore(str(target)) as store:
+        assert store.entries("out") == {"decided": "decided"}
+        assert store.in_doubt("ep.") == [other.transaction_id]  # another job's: untouched
+        assert store.transaction_state(undecided.transaction_id) == "rolled_back"
+    assert any("finished 1 decided batch(es) [1], rolled back 1" in line for line in said)
+
+
+def _unreachable(snapshots: Path) -> None:
+    """The sink's record now names a store that cannot be opened."""
+    options = {"path": str(snapshots / "gone" / "x" / "t.sqlite"), "map": "out"}
+    _job(snapshots).store.write_json(
+        f"parts/sink-{SINK_ID}",
+        {"kind": "sink", "connector": "map", "contract": "transactional", "options": options},
+    )
+
+
+def test_cancel_is_refused_with_the_transactions_and_the_command_when_a_sink_is_unreachable(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared],
+) -> None:
+    snapshots, target, decided, _, _ = staged
+    _unreachable(snapshots)
+    with pytest.raises(JobError) as refused:
+        request(_job(snapshots), "cancel")
+    message = str(refused.value)
+    prefix = decided.transaction_id.rsplit(".", 4)[0]
+    assert f"sink {SINK_ID} (map): its prepared transactions {prefix}.*" in message
+    assert f"decided to commit, not yet done: {decided.transaction_id}" in message
+    assert f"python -m epochal in-doubt settle {JOB} --snapshot-dir {snapshots}" in message
+    assert "--force" in message
+    assert _job(snapshots).load().status != JobStatus.CANCELLED  # nothing deleted
+    assert _job(snapshots).store.list("parts")
+
+    said: list[str] = []
+    record = request(_job(snapshots), "cancel", force=True, report=said.append)
+    assert record.status == JobStatus.CANCELLED
+    assert any("stay prepared" in line and prefix in line for line in said)
+    assert any("in-doubt settle ops" in line and "--connector map" in line for line in said)
+    with MapStore(str(target)) as store:  # left as they were, and said so
+        assert len(store.in_doubt(prefix + ".")) == 2
+
+
+def test_a_replaced_job_gets_a_new_incarnation_after_its_old_transactions_are_settled(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared],
+) -> None:
+    snapshots, target, _, undecided, _ = staged
+    before = _job(snapshots).load().incarnation
+    submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)), replace=True)
+    after = _job(snapshots).load().incarnation
+    assert after and after != before
+    with MapStore(str(target)) as store:
+        assert store.entries("out") == {"decided": "decided"}
+        assert store.transaction_state(undecided.transaction_id) == "rolled_back"
+    # the new job's ids are not the old one's: the same batch, partition, run and attempt
+    sink = _sink(target)
+    fresh = _prepare(sink, JOB, 1, "again", after)
+    sink.close()
+    assert fresh.transaction_id != undecided.transaction_id.replace(".2.0.1.0", ".1.0.1.0")
+
+
+def test_replace_is_refused_when_the_old_jobs_sink_is_unreachable_unless_forced(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared],
+) -> None:
+    snapshots, _, _, _, _ = staged
+    _unreachable(snapshots)
+    before = _job(snapshots).load().incarnation
+    config = JobConfig(snapshot_dir=str(snapshots))
+    with pytest.raises(JobError, match="refusing to start the job over"):
+        submit(JOB, "nowhere:job", config, replace=True)
+    assert _job(snapshots).load().incarnation == before
+    submit(JOB, "nowhere:job", config, replace=True, force=True)
+    assert _job(snapshots).load().incarnation != before
+
+
+def test_in_doubt_finds_a_predecessors_transactions_by_their_connector(
+    staged: tuple[Path, Path, Prepared, Prepared, Prepared], capsys: pytest.CaptureFixture[str]
+) -> None:
+    snapshots, target, _, undecided, _ = staged
+    _unreachable(snapshots)
+    submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)), replace=True, force=True)
+    settle = [
+        "settle", JOB, "--snapshot-dir", str(snapshots), "--connector", "map",
+        "-o", f"path={target}", "-o", "map=out", "-o", "mode=transactional",
+    ]  # fmt: skip
+    assert main(settle) == 0
+    assert "rolled back 2" in capsys.readouterr().out  # no decisions of its own: rolled back
+    with MapStore(str(target)) as store:
+        assert store.transaction_state(undecided.transaction_id) == "rolled_back"
+        assert store.in_doubt(f"ep.{JOB}.") == []

@@ -17,10 +17,10 @@ import pytest
 from epochal.base import processes
 from epochal.base.processes import RUN_TOKEN_ENV, new_run_token, processes_of, python_workers
 from epochal.config import JobConfig
-from epochal.control.job_requests import request
+from epochal.control.job_requests import request, submit
 from epochal.parts.job_context import JobContext
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus, list_jobs
-from epochal.state.layout import LEASE_RECORD
+from epochal.state.layout import JOB_RECORD, LEASE_RECORD
 from epochal.state.lease.record import LEASE_TTL, new_owner
 from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
 from epochal.state.locks import JobError
@@ -48,6 +48,31 @@ def saved(snapshots: str, name: str = "orders", **kwargs) -> JobDirectory:
 
 
 # -- records --------------------------------------------------------------------------------
+
+
+def test_a_job_created_anew_gets_a_new_incarnation_and_its_runs_keep_it(snapshots: str) -> None:
+    config = JobConfig(snapshot_dir=snapshots)
+    first = submit("orders", "jobs:build", config).load().incarnation
+    assert first and first == submit("orders", "jobs:build", config).load().incarnation
+    with JobDirectory(snapshots, "orders").update() as current:  # a run keeps it
+        current.run += 1
+    assert JobDirectory(snapshots, "orders").load().incarnation == first
+    replaced = submit("orders", "jobs:build", config, replace=True).load().incarnation
+    assert replaced and replaced != first
+    request(JobDirectory(snapshots, "orders"), "cancel")
+    again = submit("orders", "jobs:build", config).load().incarnation
+    assert again not in ("", first, replaced)
+
+
+def test_a_job_recorded_without_an_incarnation_keeps_ids_without_one(snapshots: str) -> None:
+    jobdir = saved(snapshots)
+    data = get_record(jobdir.files, JOB_RECORD)
+    del data["incarnation"]
+    put_record(jobdir.files, JOB_RECORD, data)
+    assert jobdir.load().incarnation == ""
+    with jobdir.update() as current:
+        current.run += 1
+    assert jobdir.load().incarnation == ""
 
 
 def test_save_and_load(snapshots: str) -> None:

@@ -128,7 +128,9 @@ def test_a_dying_process_takes_its_memory_with_it(tmp_path: Path) -> None:
     }
     with plugins_loaded():
         prepared = run_then_die(contract_checks.transaction_step, request)
-        assert prepared["transaction_id"].startswith(f"ep.{part.job}.{part.part_id}.0.0.1.0")
+        assert prepared["transaction_id"].startswith(
+            f"ep.{part.job}.{part.incarnation}.{part.part_id}.0.0.1.0"
+        )
         assert mutants._IN_MEMORY == {}
         contract_checks.transaction_step(request)  # here, in this process
         assert list(mutants._IN_MEMORY) == [prepared["transaction_id"]]

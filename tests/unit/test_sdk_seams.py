@@ -33,7 +33,7 @@ from epochal_sdk import (
 )
 from epochal_sdk import hookspecs as specs
 from epochal_sdk.context import Metrics
-from epochal_sdk.ids import RecordId, transaction_prefix
+from epochal_sdk.ids import PrefixParts, RecordId, new_incarnation, transaction_prefix
 from epochal_sdk.schema import Field, column_names, parse_ddl, row_of
 
 SCHEMA = (Field("key", "string"), Field("value", "string"))
@@ -125,6 +125,36 @@ def test_writer_ids_are_stable_across_batches_runs_and_attempts() -> None:
 def test_record_ids_keep_the_format_the_jms_sink_always_sent() -> None:
     task = ConnectorContext("j", "jms-1", 5, 2, attempt=3, schema=SCHEMA, run=9)
     assert task.record_id(17) == "j.jms-1.5.2.17" == str(RecordId("j", "jms-1", 5, 2, 17))
+
+
+def test_an_incarnation_is_in_every_id_and_keeps_successors_apart() -> None:
+    old = ConnectorContext("j", "map-1", 5, 2, 0, SCHEMA, run=1, incarnation="abc123")
+    new = ConnectorContext("j", "map-1", 5, 2, 0, SCHEMA, run=1, incarnation="abc124")
+    assert str(old.txn) == "ep.j.abc123.map-1.5.2.1.0"
+    assert str(old.writer_id) == "ep.j.abc123.map-1.2"
+    assert old.record_id(7) == "j.abc123.map-1.5.2.7"
+    assert (str(old.txn), str(old.writer_id)) != (str(new.txn), str(new.writer_id))
+    assert old.record_id(7) != new.record_id(7)
+    txn = TransactionId.of(str(old.txn))
+    assert (txn.job, txn.incarnation, txn.sink_id) == ("j", "abc123", "map-1")
+    legacy = TransactionId.of("ep.j.map-1.5.2.1.0")  # a job recorded without an incarnation
+    assert (legacy.job, legacy.incarnation, legacy.sink_id) == ("j", "", "map-1")
+    # each prefix matches its own ids only, in both directions
+    assert not RecoveryScope(transaction_prefix("j", "map-1")).matches(str(old.txn))
+    assert not RecoveryScope(old.transaction_prefix).matches("ep.j.map-1.5.2.1.0")
+    assert not RecoveryScope(old.transaction_prefix).matches(str(new.txn))
+    assert WriterId.parse(str(old.writer_id), new.transaction_prefix) is None
+
+
+def test_a_new_incarnation_comes_from_the_creation_time_and_differs_from_the_last() -> None:
+    first = new_incarnation(1_800_000_000.123)
+    assert first == new_incarnation(1_800_000_000.123) and first.isalnum()
+    assert first == first.lower() and len(first) == 8
+    assert new_incarnation(1_800_000_000.123, previous=first) != first
+    assert new_incarnation(1_800_000_000.124) != first
+    assert PrefixParts.parse(transaction_prefix("j", "s", first)) == PrefixParts("j", first, "s")
+    assert PrefixParts.parse("ep.j.s") == PrefixParts("j", "", "s")
+    assert PrefixParts.parse("ep.j") is None and PrefixParts.parse("xx.j.s") is None
 
 
 def test_a_recovery_scope_says_what_a_look_up_is_for() -> None:

@@ -138,10 +138,17 @@ class Keeper:
                 lease_ttl=self.ttl,
             )
             self.jobdir.fence(self.epoch).check("creating the job record")
-            self.jobdir.save(JobRecord(name=self.jobdir.name, target="", config=config.to_dict()))
+            self.jobdir.save(JobRecord.create(self.jobdir.name, "", config.to_dict()))
         self.run = begin_run(self.jobdir, self.epoch, self.driver, keeper=os.getpid())
+        incarnation = self.jobdir.load().incarnation
         holding = Holding(
-            self.epoch, self.run, self.owner, os.getpid(), self.driver.pid, self.driver.started
+            self.epoch,
+            self.run,
+            self.owner,
+            os.getpid(),
+            self.driver.pid,
+            self.driver.started,
+            incarnation,
         )
         write_record(self.record, {**asdict(holding), **self.arguments()})
         self.say(f"holding the lease at epoch {self.epoch}, run {self.run}")

@@ -397,6 +397,20 @@ class Supervisor(LeaseRenewal):
 
     # -- endings ----------------------------------------------------------------------------
     def _cancelled(self) -> JobRecord:
+        """The job's driver has ended: settle what the job left in doubt, then delete its
+        snapshots. A sink that cannot be settled keeps them (its records and decisions are
+        what settling it later needs): the job ends CANCELLED with a failure that lists
+        what is left and the command to settle it; a later ``run`` settles it first too."""
+        from epochal.parts.settling import settle_before_deleting
+        from epochal.state.locks import JobError
+
+        try:
+            settle_before_deleting(
+                self.jobdir, "cancel the job", False, self.report, retry="cancel it"
+            )
+        except JobError as exc:
+            self.report(f"[{self.jobdir.name}] {exc}")
+            return self._finish(JobStatus.CANCELLED, f"snapshots kept: {exc}")
         self.jobdir.delete_snapshots()
         return self._finish(JobStatus.CANCELLED, None)
 

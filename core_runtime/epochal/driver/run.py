@@ -216,7 +216,7 @@ class Driver:
                     **({"standby": standby} if standby else {}),
                 }
             )
-            run = current.run
+            run, incarnation = current.run, current.incarnation
         config = self.config
         write_run_record(
             os.environ[RUN_DIR_ENV],
@@ -229,6 +229,7 @@ class Driver:
                 "faults": config.faults,
                 "epoch": self.epoch,
                 "run": run,
+                "incarnation": incarnation,
             },
         )
         with self.current.lock:

@@ -153,8 +153,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--replace",
         action="store_true",
-        help="start over: delete an existing job's snapshots first (default: off; without it "
+        help="start over: settle what the existing job left in doubt (commit the decided, "
+        "roll back the rest), then delete its snapshots; refused, with the transactions and "
+        "the command to settle them, when a sink cannot be reached (default: off; without it "
         "an existing job of the same name, target and settings is continued)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --replace, or over a cancelled job: start over even when what the old job "
+        "left in doubt cannot be settled, leaving it prepared (the output lists it and the "
+        "command to settle it later) (default: off)",
     )
     p.add_argument(
         "--standby",
@@ -182,7 +191,9 @@ def parser() -> argparse.ArgumentParser:
         choices=["list", "status", "metrics", "cancel", "suspend", "resume", "verify"],
         help="list: every job; status: who runs a job (supervisor, driver, lease), its "
         "phase, its runs and its parts' metrics; metrics: the job's metrics in Prometheus "
-        "text format; cancel: stop it and delete its snapshots; suspend: stop it, keep "
+        "text format; cancel: stop it, settle what it left in doubt and delete its snapshots "
+        "(refused, with the transactions and the command to settle them, when a sink cannot "
+        "be reached); suspend: stop it, keep "
         "the snapshots; resume: run it again from its last snapshot, supervised by this "
         "process (after the lease of a previous supervisor expired, at once if that one is "
         "known dead); verify: check its snapshot data",
@@ -197,7 +208,9 @@ def parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="resume: take the job's lease over from a supervisor that still holds it, "
-        "fencing that one (default: off)",
+        "fencing that one; cancel: delete the snapshots even when what the job left in doubt "
+        "cannot be settled, leaving it prepared (the output lists it and the command to "
+        "settle it later) (default: off)",
     )
     p.add_argument(
         "--json", action="store_true", help="status: print JSON instead of text (default: off)"

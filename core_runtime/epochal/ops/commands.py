@@ -88,6 +88,11 @@ def _config(args: argparse.Namespace) -> Any:
     )
 
 
+def _say(line: str) -> None:
+    """What a command reports on the way (settling a job's transactions, ...)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _progress(line: dict[str, Any]) -> None:
     print(
         f"[{line['job']}] run {line['run']} batch {line['batch']}: {line['rows']} rows", flush=True
@@ -121,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())
     try:
         _check_target(args.target)  # a target that does not import: before a record or a JVM
-        jobdir = submit(args.name, args.target, config, replace=args.replace)
+        jobdir = submit(
+            args.name, args.target, config, replace=args.replace, force=args.force, report=_say
+        )
     except BaseException:
         if endpoint is not None:
             endpoint.server_close()
@@ -262,7 +269,7 @@ def jobs(args: argparse.Namespace) -> int:
         print(render_prometheus(jobdir), end="")
         return 0
     if action in ("cancel", "suspend"):
-        record = request(jobdir, action)
+        record = request(jobdir, action, force=args.force, report=_say)
         print(f"{record.name}: {action} requested; status {record.status.value}")
         return 0
     if action == "resume":

@@ -26,16 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.parts.records import read_parts
+from epochal.parts.settling import build_sink, job_incarnation
 from epochal_sdk import (
     ConfigError,
-    ConnectorContext,
     EpochalError,
-    Options,
     RecoveryScope,
     TransactionalSink,
     TransactionId,
 )
-from epochal_sdk.ids import Purpose, transaction_prefix
+from epochal_sdk.ids import Purpose, job_head, transaction_prefix
 
 ACTIONS = ("list", "settle")
 
@@ -46,11 +45,32 @@ class InDoubtError(EpochalError):
 
 @dataclass
 class SinkOfJob:
-    """One transactional sink of the job, built to inspect or settle its transactions."""
+    """One transactional sink of the job, built to inspect or settle its transactions.
 
+    Attributes:
+        job: the job's name.
+        sink_id: the sink's part id.
+        connector: its connector's name.
+        sink: the sink, built with its recorded options.
+        incarnation: the incarnation of the job its transactions belong to (see
+            :mod:`epochal_sdk.ids`; "" for the form without one).
+        recorded: whether the job's snapshot store records it (then its commit decisions
+            there are its own); a sink found only by its transaction ids (of a predecessor
+            of the job under the same name, or a job whose snapshots are gone) has none, so
+            settling it rolls back everything it left in doubt.
+    """
+
+    job: str
     sink_id: str
     connector: str
     sink: TransactionalSink
+    incarnation: str = ""
+    recorded: bool = True
+
+    @property
+    def prefix(self) -> str:
+        """Its transactions' prefix (``transaction_prefix``)."""
+        return transaction_prefix(self.job, self.sink_id, self.incarnation)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -128,22 +148,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def _build(connector: str, sink_id: str, job: str, options: dict[str, str]) -> TransactionalSink:
-    from epochal.base import secrets
-    from epochal.parts import registry
-
-    context = ConnectorContext(job=job, part_id=sink_id)
-    # ${env:NAME}/${file:PATH} references (recorded, or given with -o) are resolved here, as
-    # where the job runs: a password never has to be on this command's line
-    values = secrets.resolved(options)
-    sink = registry.connector(connector).sink(Options(connector, values, context))
-    if not isinstance(sink, TransactionalSink):
-        raise InDoubtError(
-            f"sink {sink_id} ({connector}) is not a transactional sink: it leaves nothing in doubt"
-        )
-    return sink
-
-
 def sinks_of(
     jobdir: Any,
     *,
@@ -151,9 +155,11 @@ def sinks_of(
     connector: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> list[SinkOfJob]:
-    """The job's transactional sinks: those its store records (with their recorded options),
-    and, with ``connector``, those whose transactions that connector's sink finds."""
+    """The job's transactional sinks: those its store records (with their recorded options,
+    of the job's incarnation), and, with ``connector``, those whose transactions that
+    connector's sink finds (of any incarnation of the job's name)."""
     overrides = overrides or {}
+    incarnation = job_incarnation(jobdir)
     found: dict[str, SinkOfJob] = {}
     for record in read_parts(jobdir.store).values():
         if record.kind != "sink" or record.contract != "transactional":
@@ -161,24 +167,26 @@ def sinks_of(
         if only and record.part_id != only:
             continue
         options = {**record.options, **overrides}
-        found[record.part_id] = SinkOfJob(
-            record.part_id,
-            record.connector,
-            _build(record.connector, record.part_id, jobdir.name, options),
-        )
-    if connector and not (only and only in found):
+        sink = build_sink(record.connector, record.part_id, jobdir.name, options, incarnation)
+        recorded = SinkOfJob(jobdir.name, record.part_id, record.connector, sink, incarnation)
+        found[recorded.prefix] = recorded
+    if connector and not (only and any(f.sink_id == only for f in found.values())):
         options = dict(overrides)
         try:
-            probe = _build(connector, only or "*", jobdir.name, options)
+            probe = build_sink(connector, only or "*", jobdir.name, options)
         except ConfigError:
             if found:  # the recorded sinks are enough; the options name no other one
                 return [found[k] for k in sorted(found)]
             raise
-        ids = {only} if only else _sink_ids_in_doubt(probe, jobdir.name)
-        for sink_id in sorted(ids - set(found)):
-            found[sink_id] = SinkOfJob(
-                sink_id, connector, _build(connector, sink_id, jobdir.name, options)
-            )
+        ids = _sink_ids_in_doubt(probe, jobdir.name)
+        if only:
+            ids = {(i, s) for i, s in ids if s == only} or {(incarnation, only)}
+        for inc, sink_id in sorted(ids):
+            if transaction_prefix(jobdir.name, sink_id, inc) in found:
+                continue
+            sink = build_sink(connector, sink_id, jobdir.name, options, inc)
+            extra = SinkOfJob(jobdir.name, sink_id, connector, sink, inc, recorded=False)
+            found[extra.prefix] = extra
         probe.close()
         if not ids:  # the connector's sinks of this job have nothing in doubt
             return [found[k] for k in sorted(found)]
@@ -187,21 +195,22 @@ def sinks_of(
             ""
             if connector
             else "; name the connector of its sinks with --connector (and "
-            "their options with -o) if the job ran before epochal recorded them"
+            "their options with -o) if the job ran before epochal recorded them, or its "
+            "snapshots were deleted"
         )
         raise InDoubtError(f"job {jobdir.name!r}: no transactional sink found{hint}")
     return [found[k] for k in sorted(found)]
 
 
-def _sink_ids_in_doubt(sink: TransactionalSink, job: str) -> set[str]:
-    """The sink ids in the transaction ids of ``job`` that ``sink`` finds in doubt."""
-    head = transaction_prefix(job, "")
-    raw = sink.in_doubt(RecoveryScope(head.rstrip("."), "inspect"))
+def _sink_ids_in_doubt(sink: TransactionalSink, job: str) -> set[tuple[str, str]]:
+    """The (incarnation, sink id) pairs in the transaction ids of ``job`` (of any of its
+    incarnations) that ``sink`` finds in doubt."""
+    raw = sink.in_doubt(RecoveryScope(job_head(job).rstrip("."), "inspect"))
     out = set()
     for prepared in raw:
         txn = TransactionId.parse(prepared.transaction_id)
-        if txn is not None and txn.job == job and txn.sink_id:
-            out.add(txn.sink_id)
+        if txn is not None and txn.job == job and txn.sink_id and txn.incarnation is not None:
+            out.add((txn.incarnation, txn.sink_id))
     return out
 
 
@@ -209,7 +218,13 @@ def _protocol(jobdir: Any, found: SinkOfJob, purpose: Purpose) -> Any:
     from epochal.protocols.transactions import two_phase_commit
 
     protocol, _ = two_phase_commit(
-        jobdir.store, found.sink, jobdir.name, found.sink_id, run=None, purpose=purpose
+        jobdir.store if found.recorded else None,
+        found.sink,
+        jobdir.name,
+        found.sink_id,
+        incarnation=found.incarnation,
+        run=None,
+        purpose=purpose,
     )
     return protocol
 
@@ -223,9 +238,8 @@ def _list(args: argparse.Namespace) -> int:
     for found in _sinks(args, jobdir):
         try:
             protocol = _protocol(jobdir, found, "inspect")
-            decided = protocol.decided_ids()
-            prefix = transaction_prefix(jobdir.name, found.sink_id)
-            for prepared in in_doubt(found.sink, RecoveryScope(prefix, "inspect")):
+            decided = protocol.decided_ids() if found.recorded else set()
+            for prepared in in_doubt(found.sink, RecoveryScope(found.prefix, "inspect")):
                 txn = TransactionId.of(prepared.transaction_id)
                 decision = (
                     "decided: commit"

@@ -55,6 +55,9 @@ class JobContext:
     spark_checkpoint: str | None = None
     """Spark's checkpoint of a query started without ``epochal run``, when its options say
     where it is (``epochal.checkpointLocation``)."""
+    incarnation: str = ""
+    """The job's incarnation (its record's; see :mod:`epochal_sdk.ids`), known once the run
+    holds the lease ("" for a job recorded without one, or a run without a lease)."""
 
     @classmethod
     def current(cls, options: Mapping[str, str] | None = None) -> JobContext:
@@ -70,6 +73,7 @@ class JobContext:
                 allow_downgrade=bool(record.get("allow_downgrade")),
                 run=int(record["run"]),
                 lease_epoch=int(record["epoch"]),
+                incarnation=str(record.get("incarnation", "")),
                 faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/faults"),
                 supervised=True,
             )
@@ -136,7 +140,9 @@ class JobContext:
             driver,
             query_start=query_start,
         )
-        return replace(self, run=holding.run, lease_epoch=holding.epoch)
+        return replace(
+            self, run=holding.run, lease_epoch=holding.epoch, incarnation=holding.incarnation
+        )
 
     @staticmethod
     def _run_record() -> dict | None:

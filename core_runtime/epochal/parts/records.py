@@ -83,6 +83,13 @@ def read_parts(store: SnapshotStore) -> dict[str, PartRecord]:
     return out
 
 
+def forget_part(store: SnapshotStore, kind: str, part_id: str) -> None:
+    """Drop the record of a part the job no longer has (once what it left is settled)."""
+    key = f"{PARTS}/{kind}-{part_id}"
+    if store.exists(key):
+        store.delete(key)
+
+
 def check_target(store: SnapshotStore, kind: str, part_id: str, target: dict[str, str]) -> None:
     """Refuse a part whose run's store records it, under the same id, with another target.
 

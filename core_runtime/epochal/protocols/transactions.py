@@ -74,6 +74,7 @@ def two_phase_commit(
     job: str,
     sink_id: str,
     *,
+    incarnation: str,
     run: int | None,
     step: Step | None = None,
     fence: FenceCheck | None = None,
@@ -81,8 +82,9 @@ def two_phase_commit(
     purpose: Purpose = "recovery",
 ) -> tuple[TwoPhaseCommit, ScopedSink]:
     """The two-phase commit protocol for one sink of a job, and the scoped, counting sink it
-    drives (read its :attr:`ScopedSink.counts` for the metrics)."""
-    prefix = transaction_prefix(job, sink_id)
+    drives (read its :attr:`ScopedSink.counts` for the metrics). ``incarnation`` is the job's
+    (:mod:`epochal_sdk.ids`; "" for a job recorded without one)."""
+    prefix = transaction_prefix(job, sink_id, incarnation)
     scoped = ScopedSink(sink)
     extra: dict[str, Any] = {}
     if step is not None:

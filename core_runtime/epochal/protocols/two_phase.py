@@ -279,6 +279,17 @@ def recorded_decisions(store: SnapshotStore) -> Iterator[tuple[str, int, dict[st
             yield sink_id, int(key.rsplit("/", 1)[1]), store.read_json(key)
 
 
+def pending_decisions(store: SnapshotStore, sink_id: str) -> list[str]:
+    """The transactions a run's snapshot store decided to commit in sink ``sink_id`` whose
+    phase 2 is not recorded as done (what an operator must know is still to be committed)."""
+    done = {key.rsplit("/", 1)[1] for key in store.list(f"{SINKS}/{sink_id}/done")}
+    pending: list[str] = []
+    for key in store.list(f"{SINKS}/{sink_id}/decisions"):
+        if key.rsplit("/", 1)[1] not in done:
+            pending += [t["id"] for t in store.read_json(key)["transactions"]]
+    return sorted(pending)
+
+
 def batches_of(prepared: Iterable[Prepared]) -> set[int]:
     """The batch ids found in these transaction ids."""
     return {TransactionId.of(p.transaction_id).batch for p in prepared}

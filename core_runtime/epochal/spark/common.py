@@ -109,6 +109,7 @@ class Part:
             schema=schema,
             guarantee=self.guarantee,
             metrics=Metrics(),
+            incarnation=self.context.incarnation,
         )
 
     def query_id(self) -> str:

@@ -20,6 +20,7 @@ from epochal.base.processes import RUN_TOKEN_ENV
 from epochal.parts import registry
 from epochal.parts.effective import effective
 from epochal.parts.job_context import JobContext
+from epochal.parts.records import forget_part
 from epochal.parts.spark_plan import check_session_query, session_driver, session_refusal
 from epochal.spark import features
 from epochal.spark.common import Part, sdk_schema
@@ -29,7 +30,7 @@ from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
 from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV
-from epochal_sdk import AcknowledgingSource, ReplayableSource
+from epochal_sdk import AcknowledgingSource, ConfigError, ReplayableSource
 from epochal_sdk.errors import STARTING_ENV, GuaranteeError
 from epochal_sdk.sinks import Sink
 from epochal_sdk.sources import Source
@@ -130,6 +131,7 @@ class EpochalDataSource(DataSource):
                 if first_plan:
                     _trace(part, f"planning {part.label} (run {part.context.run})")
                     part.check_target("sink")
+                    _settle_gone_sinks(part)
                     sink.check(fields)
                     part.record("sink", contract.name, _reason(sink))
                     done = contract.start_run(part, sink)
@@ -187,6 +189,54 @@ def _first_plan_of_run(part: Part) -> bool:
     if not part.context.job_dir:
         return True
     return not part.context.store(part.connector).exists(_planned_key(part))
+
+
+def _settle_gone_sinks(part: Part) -> None:
+    """A job's query has one sink. A transactional sink the job's store records under
+    another part id (the job's code now writes elsewhere, a connector option changed the
+    id) is gone: what it left in doubt is settled now (commit the decided, roll back the
+    rest of earlier runs) and its record dropped. When its store cannot be reached the run
+    is refused (a ``ConfigError``) with its transactions and the command that settles them:
+    no prepared transaction is orphaned silently. A sink planned in this same run (a second
+    query of the job) is left alone."""
+    from epochal.parts.settling import settle_sinks
+
+    if not part.context.job_dir:
+        return
+    store = part.context.store(part.connector)
+    run = part.context.run
+    planned_now = frozenset(
+        sink_id
+        for sink_id in store.list_dirs("sinks")
+        if store.exists(f"sinks/{sink_id}/planned/{run}")
+    )
+    done, unsettled = settle_sinks(
+        store,
+        part.context.job,
+        part.context.incarnation,
+        skip=planned_now | {part.part_id},
+        run=run if part.context.fence.active else None,
+        fence=part.context.check_fence,
+    )
+    for sink_id, line in done:
+        _trace(part, f"{part.label}: a sink of the job's last run is gone; settled {line}")
+        forget_part(store, "sink", sink_id)
+    if unsettled:
+        snapshot_dir, _, name = part.context.job_dir.rstrip("/").rpartition("/")
+        listed = "; ".join(u.describe() for u in unsettled)
+        commands = "; ".join(
+            f"`python -m epochal in-doubt settle {name} --snapshot-dir {snapshot_dir} "
+            f"--sink {u.sink_id} [-o KEY=VALUE ...]`"
+            for u in unsettled
+        )
+        raise ConfigError(
+            f"sink {part.label}",
+            "part id",
+            f"the job's last run wrote to another sink that this query no longer has, and "
+            f"what that sink left in doubt could not be settled: {listed}",
+            f"Settle it ({commands}), then start the job again; or give this query back the "
+            "old sink's connector options (or its epochal.id)",
+        )
 
 
 def _mark_planned(part: Part) -> None:

@@ -98,6 +98,7 @@ def two_phase(part: Part, sink: TransactionalSink) -> TwoPhaseCommit:
         sink,
         part.context.job,
         part.part_id,
+        incarnation=part.context.incarnation,
         # a run that holds no lease has no place among the job's runs: its recovery rolls
         # back every in-doubt transaction of the sink (at less than exactly-once only)
         run=part.context.run if part.context.fence.active else None,

@@ -42,6 +42,7 @@ from epochal.state.store import (
     put_versioned_record,
 )
 from epochal_sdk import SnapshotError
+from epochal_sdk.ids import new_incarnation
 
 log = logging.getLogger("epochal.jobs")
 
@@ -108,6 +109,27 @@ class JobRecord:
     runs: list[dict[str, Any]] = field(default_factory=list)
     """The last runs: run, epoch, kind (cold / in-place / standby), start, time to the
     first committed batch, how it ended."""
+    incarnation: str = ""
+    """Which job of this name this is (``new_incarnation`` of
+    :attr:`created`): in every transaction, writer and record id of its sinks, the same for
+    all its runs. "" for a job recorded before incarnations (its ids have none)."""
+
+    @classmethod
+    def create(
+        cls, name: str, target: str, config: dict[str, Any], previous: str = "", **fields: Any
+    ) -> JobRecord:
+        """The record of a job created anew: created now, with a new incarnation (one that
+        differs from ``previous``, the incarnation of the job of this name it replaces)."""
+        created = time.time()
+        return cls(
+            name=name,
+            target=target,
+            config=config,
+            created=created,
+            updated=created,
+            incarnation=new_incarnation(created, previous),
+            **fields,
+        )
 
     @property
     def job_config(self) -> JobConfig:
@@ -123,6 +145,7 @@ class JobRecord:
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         data = dict(data)
         data["status"] = JobStatus(data["status"])
+        data.setdefault("incarnation", "")  # recorded before incarnations: the ids have none
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

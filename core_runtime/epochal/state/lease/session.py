@@ -40,7 +40,8 @@ class LeaseNotHeldError(EpochalError):
 
 @dataclass(frozen=True)
 class Holding:
-    """What a driver's keeper holds: the lease epoch and the run it started under it."""
+    """What a driver's keeper holds: the lease epoch and the run it started under it, and
+    the job's incarnation (from its record; see :mod:`epochal_sdk.ids`)."""
 
     epoch: int
     run: int
@@ -48,6 +49,7 @@ class Holding:
     keeper: int
     driver: int
     driver_started: int
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from epochal.base import secrets
 from epochal.parts import registry
 from epochal.spark.common import user_options
 from epochal_sdk import ConnectorContext, Options
+from epochal_sdk.ids import new_incarnation
 from epochal_sdk.schema import Field, parse_ddl
 
 if TYPE_CHECKING:
@@ -89,21 +90,25 @@ class Subject:
 # -- parts, built as the runtime builds them ------------------------------------------------
 @dataclass(frozen=True)
 class Part:
-    """One source or sink of a check's job: its connector, options and ids."""
+    """One source or sink of a check's job: its connector, options and ids (the job's
+    incarnation included, as a job created now gets one)."""
 
     connector: str
     options: dict[str, str]
     job: str
     part_id: str
+    incarnation: str = ""
 
     @classmethod
     def of(cls, connector: str, options: dict[str, str]) -> Part:
-        """A part of a new job (a job name of its own, the part id the runtime would give)."""
+        """A part of a new job (a job name of its own, an incarnation, the part id the
+        runtime would give)."""
         return cls(
             connector,
             dict(options),
             f"contract-{uuid.uuid4().hex[:8]}",
             registry.part_id(connector, options),
+            new_incarnation(time.time()),
         )
 
     def context(
@@ -124,6 +129,7 @@ class Part:
             attempt=attempt,
             schema=schema,
             run=run,
+            incarnation=self.incarnation,
         )
 
     def build(self, context: ConnectorContext, side: str) -> Any:

@@ -131,7 +131,14 @@ class SinkRun:
 
     def protocol(self, sink: TransactionalSink, run: int) -> TwoPhaseCommit:
         """The runtime's two-phase commit for ``sink`` in ``run``."""
-        protocol, _ = two_phase_commit(self.store, sink, self.part.job, self.part.part_id, run=run)
+        protocol, _ = two_phase_commit(
+            self.store,
+            sink,
+            self.part.job,
+            self.part.part_id,
+            incarnation=self.part.incarnation,
+            run=run,
+        )
         return protocol
 
     def start_run(self, run: int) -> None:
