@@ -32,5 +32,5 @@ lint: install
 # and the kit's contract checks (no Spark, no servers). `make test` is the whole suite.
 check: lint
 	$(RUN) -m mypy
-	$(RUN) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup -m "not spark" \
+	$(RUN) -m pytest -p no:cacheprovider -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not spark" \
 		tests/unit tests/map tests/conformance

@@ -29,10 +29,11 @@ phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers sta
 phase "lint (ruff)" "$PYTHON" -m ruff check .
 phase "type check (mypy)" "$PYTHON" -m mypy
 # Two workers (pytest-xdist): a unit of work is a module, or one crash test of the kit, handed
-# out longest first (the root conftest.py); EPOCHAL_TEST_WORKERS=1 runs the suite serially.
+# out longest first (the root conftest.py; --no-loadscope-reorder keeps that order: xdist would
+# otherwise put the modules with the most tests first); EPOCHAL_TEST_WORKERS=1 runs it serially.
 # integration.harness.timing prints where the slowest tests spend their time.
 workers="${EPOCHAL_TEST_WORKERS:-2}"
 parallel=()
-if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi
 phase "tests (pytest)" "$PYTHON" -m pytest -p no:cacheprovider -p integration.harness.timing \
   "${parallel[@]}" "$@"

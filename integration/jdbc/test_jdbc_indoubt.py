@@ -16,6 +16,7 @@ from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.jobs import JobDirectory
 from epochal.testing import prepare_transaction
 from epochal_sdk import ConnectorContext, Options, Prepared
+from epochal_sdk.ids import transaction_prefix
 from epochal_sdk.schema import Field
 from integration.harness.plugin import PostgresDatabase
 
@@ -25,8 +26,8 @@ SCHEMA = (Field("key", "string"), Field("value", "string"))
 JOB, SINK_ID = "opsjob", "jdbc-ops"
 
 
-def _prepare(sink: JdbcSink, batch: int, key: str) -> Prepared:
-    task = ConnectorContext(JOB, SINK_ID, batch, 0, 0, SCHEMA, run=1)
+def _prepare(sink: JdbcSink, batch: int, key: str, incarnation: str = "") -> Prepared:
+    task = ConnectorContext(JOB, SINK_ID, batch, 0, 0, SCHEMA, run=1, incarnation=incarnation)
     return prepare_transaction(sink, task, pa.record_batch({"key": [key], "value": [key]}))
 
 
@@ -43,16 +44,18 @@ def test_list_and_settle_in_doubt_transactions(
     snapshots = tmp_path / "snapshots"
     sink = JdbcSink(Options("jdbc", {"url": postgres_db.dsn, "table": "out", "createTable": "1"}))
     sink.check(SCHEMA)
-    decided, undecided = _prepare(sink, 1, "decided"), _prepare(sink, 2, "undecided")
-    store = JobDirectory(str(snapshots), JOB).store
-    TwoPhaseCommit(store, sink, SINK_ID, f"ep.{JOB}.{SINK_ID}").decide(1, [decided])
+    jobdir = submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)))
+    incarnation = jobdir.load().incarnation  # the job's transactions carry it
+    decided = _prepare(sink, 1, "decided", incarnation)
+    undecided = _prepare(sink, 2, "undecided", incarnation)
+    prefix = transaction_prefix(JOB, SINK_ID, incarnation)
+    TwoPhaseCommit(jobdir.store, sink, SINK_ID, prefix).decide(1, [decided])
 
     assert main(_args("list", postgres_db, snapshots)) == 0
     listed = capsys.readouterr().out
     assert f"{decided.transaction_id}  batch 1" in listed and "decided: commit" in listed
     assert f"{undecided.transaction_id}  batch 2" in listed and "undecided: roll back" in listed
 
-    submit(JOB, "nowhere:job", JobConfig(snapshot_dir=str(snapshots)))
     JobDirectory(str(snapshots), JOB).lease.acquire("a-live-supervisor")
     assert main(_args("settle", postgres_db, snapshots)) == 2
     assert "settling now would roll back" in capsys.readouterr().err

@@ -162,8 +162,11 @@ def test_a_killed_job_cancelled_leaves_nothing_prepared_and_its_name_runs_again(
     source = MapSourceUnderTest(tmp_path / "source.sqlite")
     source.produce(range(300))
     sink = JdbcSinkUnderTest(postgres_db.dsn)
-    monkeypatch.setenv("EPOCHAL_IT_PG_URL", postgres_db.dsn)  # the secret stays out of records
-    _spec(monkeypatch, source, {**sink.options("transactional"), "url": "${env:EPOCHAL_IT_PG_URL}"})
+    # the secret stays out of records, and reaches a warm driver started before this test
+    secret = tmp_path / "pg-url"
+    secret.write_text(postgres_db.dsn)
+    secret.chmod(0o600)
+    _spec(monkeypatch, source, {**sink.options("transactional"), "url": f"${{file:{secret}}}"})
     killed = _config(tmp_path, faults="sink.before_decision@1", max_restarts=0)
     job = Job.submit("reusepg", "epochal.pipelines:copy", killed)
     assert job.join(600).status == JobStatus.FAILED
@@ -171,10 +174,11 @@ def test_a_killed_job_cancelled_leaves_nothing_prepared_and_its_name_runs_again(
     assert sum(first.values()) == len(first) == 100  # batch 0
     assert sink.in_doubt() != []  # batch 1, prepared
 
-    with monkeypatch.context() as without:  # PostgreSQL cannot be reached: refused
-        without.delenv("EPOCHAL_IT_PG_URL")
-        with pytest.raises(JobError, match="in-doubt settle reusepg") as refused:
-            job.cancel()
+    hidden = tmp_path / "pg-url.away"
+    secret.rename(hidden)  # PostgreSQL cannot be reached: refused
+    with pytest.raises(JobError, match="in-doubt settle reusepg") as refused:
+        job.cancel()
+    hidden.rename(secret)
     prefix = sink.in_doubt()[0].rsplit(".", 4)[0]  # the job's, still prepared
     assert f"its prepared transactions {prefix}.* could not be settled" in str(refused.value)
     assert job.cancel().status == JobStatus.CANCELLED

@@ -117,3 +117,14 @@ def test_the_report_names_the_slowest_tests_with_their_phases(tmp_path: Path) ->
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
+def test_the_suite_command_keeps_the_longest_first_order() -> None:
+    """xdist's loadgroup scheduler puts the groups with the most tests first unless told
+    not to: without ``--no-loadscope-reorder`` a one-test unit of minutes (the YARN job,
+    the soak) would run last, alone on one core, however the root conftest.py orders it."""
+    root = Path(__file__).resolve().parents[2]
+    for command in (root / "scripts" / "test.sh", root / "Makefile"):
+        for line in command.read_text().splitlines():
+            if "--dist loadgroup" in line:
+                assert "--no-loadscope-reorder" in line, f"{command.name}: {line.strip()}"

@@ -185,7 +185,11 @@ def sinks_of(
             if transaction_prefix(jobdir.name, sink_id, inc) in found:
                 continue
             sink = build_sink(connector, sink_id, jobdir.name, options, inc)
-            extra = SinkOfJob(jobdir.name, sink_id, connector, sink, inc, recorded=False)
+            # of the job's own incarnation, the store's decisions are this sink's (a sink the
+            # job ran before it recorded its parts); of an earlier one, they are not
+            extra = SinkOfJob(
+                jobdir.name, sink_id, connector, sink, inc, recorded=inc == incarnation
+            )
             found[extra.prefix] = extra
         probe.close()
         if not ids:  # the connector's sinks of this job have nothing in doubt
