@@ -10,9 +10,7 @@ compare-and-swap is replaced by a plain write. Needs the machine's Spark/JVM loc
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,10 +18,8 @@ import pytest
 
 from epochal.state import jobs, webhdfs
 from epochal.state.jobs import JobDirectory, JobRecord
-from epochal.state.lease import swaps
-from epochal.state.lease.fence import LEASE_RECORD, Fence, state_dir
+from epochal.state.lease.fence import Fence, state_dir
 from epochal.state.lease.record import new_owner
-from epochal.state.lease.swaps import LeaseHeldError, LeaseLostError
 from epochal.state.objectstore import PreconditionFailedError
 from epochal.state.store import (
     EntryExistsError,
@@ -38,7 +34,13 @@ from epochal.state.store import (
 from epochal_sdk import SnapshotError
 from epochal_sdk.errors import FencedError
 from integration.harness.hdfs import HdfsServer
-from tests.unit.test_objectstore import CONTENDERS, _race, _submit
+from tests.unit.test_objectstore import (  # the object store's lease races, run on HDFS (root)
+    CONTENDERS,
+    _race,
+    _submit,
+    test_a_fresh_lease_refuses_a_second_supervisor_then_expires,  # noqa: F401
+    test_supervisors_racing_for_a_job_one_wins,  # noqa: F401
+)
 
 pytestmark = pytest.mark.integration
 
@@ -157,62 +159,6 @@ def test_a_writer_stopped_between_its_claim_and_its_rename_is_finished_by_the_ne
     assert current.data == b"two (stopped winner)" and current.etag != first
     objects.put(key, b"four", if_match=current.etag)
     assert objects.get(key).data == b"four"
-
-
-def test_a_fresh_lease_refuses_a_second_supervisor_then_expires(root: str) -> None:
-    """Two supervisors: the second is refused while the first renews, and takes the job over
-    (a new epoch) once the lease expired; the first is then fenced."""
-    first, second = _submit(root), JobDirectory(root, "job")
-    a, b = new_owner(), new_owner()
-    assert first.lease.acquire(a, ttl=60.0) == 1
-    assert first.lease.renew(a, 1, ttl=60.0, tokens=[new_owner()])
-    with pytest.raises(LeaseHeldError) as held:
-        second.lease.acquire(b, ttl=2.0)
-    assert 0 < held.value.wait <= 60.0
-    assert first.lease.advance(a, 1, ttl=2.0) == 2
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            taken = second.lease.acquire(b, ttl=2.0)
-            break
-        except LeaseHeldError:
-            assert time.monotonic() < deadline, "the lease never expired"
-            time.sleep(0.2)
-    assert taken == 3
-    assert not first.lease.renew(a, 2, ttl=2.0)
-    with pytest.raises(LeaseLostError):
-        first.lease.advance(a, 2, ttl=2.0)
-    first.lease.release(a)  # not the owner: nothing happens
-    assert second.lease.read().owner == b
-    second.lease.release(b)
-    assert second.lease.read().renewed == 0.0 and second.lease.epoch() == 3
-    assert JobDirectory(root, "job").lease.acquire(a, ttl=2.0) == 4  # released: at once
-
-
-def test_supervisors_racing_for_a_job_one_wins(root: str) -> None:
-    """Holders that all read the same lease (none, then an expired one) and try to take the
-    job: exactly one gets the new epoch, every other one is refused."""
-    _submit(root)
-    owners = [new_owner() for _ in range(CONTENDERS)]
-
-    def take(index: int) -> int:
-        return JobDirectory(root, "job").lease.acquire(owners[index], ttl=600.0)
-
-    outcomes = _race(CONTENDERS, swaps, take)
-    winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
-    assert len(winners) == 1, outcomes
-    assert outcomes[winners[0]] == 1
-    assert all(isinstance(o, LeaseHeldError) for i, o in enumerate(outcomes) if i != winners[0])
-    lease = JobDirectory(root, "job").lease.read()
-    assert lease is not None and lease.owner == owners[winners[0]] and lease.epoch == 1
-
-    expired = dataclasses.replace(lease, renewed=time.time() - 3600)  # the winner died long ago
-    put_record(SnapshotStore(f"{root}/job"), LEASE_RECORD, expired.to_record())
-    outcomes = _race(CONTENDERS, swaps, take)
-    winners = [i for i, o in enumerate(outcomes) if isinstance(o, int)]
-    assert len(winners) == 1, outcomes
-    assert outcomes[winners[0]] == 2
-    assert JobDirectory(root, "job").lease.read().owner == owners[winners[0]]
 
 
 def test_record_updates_are_never_lost(root: str) -> None:
