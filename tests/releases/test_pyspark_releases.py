@@ -54,6 +54,18 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     )
 
 
+def _venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
+    """A new virtual environment with ``pyspark==release`` installed first: its directory,
+    its python and its ``pip install`` command."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    done = _run([*pip, f"pyspark=={release}"], tmp_path, 900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return venv, python, pip
+
+
 @pytest.fixture
 def pyspark_release(request: pytest.FixtureRequest) -> str:
     """The release under test (this fixture's name makes each release a unit of work)."""
@@ -64,12 +76,7 @@ def pyspark_release(request: pytest.FixtureRequest) -> str:
 def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     pyspark_release: str, built_wheels: dict[str, Path], tmp_path: Path
 ) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    done = _run([*pip, f"pyspark=={pyspark_release}"], tmp_path, 900)
-    assert done.returncode == 0, done.stdout + done.stderr
+    _, python, pip = _venv_with_pyspark(pyspark_release, tmp_path)
     wheels = [str(w) for w in built_wheels.values()]
     done = _run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -130,12 +137,7 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
     the Kafka sink and an update-mode aggregation into the JDBC upsert sink, and the mutant
     that writes a replayed batch again) in an environment whose pyspark is 3.5, with epochal's
     wheels installed beside it without their dependencies, as the docs say."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    done = _run([*pip, f"pyspark=={FOREACH_BATCH_RELEASE}"], tmp_path, 900)
-    assert done.returncode == 0, done.stdout + done.stderr
+    venv, python, pip = _venv_with_pyspark(FOREACH_BATCH_RELEASE, tmp_path)
     wheels = [str(w) for w in built_wheels.values()]
     done = _run([*pip, "--no-deps", *wheels], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
