@@ -32,6 +32,18 @@ from integration.harness.kafka import KafkaServer
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
+def _kafka_to_kafka(kafka_source: KafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest) -> None:
+    """The kit's copy pipeline, Kafka → the Kafka sink (transactional), 25 records a batch."""
+    spec = {
+        "source": "kafka",
+        "source_options": {**kafka_source.options(), "maxRecordsPerBatch": "25"},
+        "sink": "kafka",
+        "sink_options": kafka_sink.options("transactional"),
+        "id_expr": kafka_source.id_expr,
+    }
+    os.environ[SPEC_ENV] = json.dumps(spec)
+
+
 def test_kafka_aggregate_kafka_exactly_once_across_a_driver_kill(
     kafka_source: KafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest, tmp_path: Any
 ) -> None:
@@ -61,14 +73,7 @@ def test_copy_survives_a_broker_restart_mid_run(
     kafka_server.require_faults()
     ids = list(range(400))
     kafka_source.produce(ids)
-    spec = {
-        "source": "kafka",
-        "source_options": {**kafka_source.options(), "maxRecordsPerBatch": "25"},
-        "sink": "kafka",
-        "sink_options": kafka_sink.options("transactional"),
-        "id_expr": kafka_source.id_expr,
-    }
-    os.environ[SPEC_ENV] = json.dumps(spec)
+    _kafka_to_kafka(kafka_source, kafka_sink)
     config = JobConfig(
         guarantee=Guarantee.EXACTLY_ONCE,
         available_now=True,
@@ -114,14 +119,7 @@ def test_a_killed_job_cancelled_leaves_no_open_transaction_and_its_name_runs_aga
     then runs again with writer ids of a new incarnation and writes every record once."""
     ids = list(range(200))
     kafka_source.produce(ids)
-    spec = {
-        "source": "kafka",
-        "source_options": {**kafka_source.options(), "maxRecordsPerBatch": "25"},
-        "sink": "kafka",
-        "sink_options": kafka_sink.options("transactional"),
-        "id_expr": kafka_source.id_expr,
-    }
-    os.environ[SPEC_ENV] = json.dumps(spec)
+    _kafka_to_kafka(kafka_source, kafka_sink)
     name = f"reuse-{uuid.uuid4().hex[:8]}"
 
     def config(**changes: Any) -> JobConfig:
