@@ -3,10 +3,12 @@ statistics and plot of repeated, interleaved rounds, and the description of the 
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 SMOKE_HELP = (
@@ -297,3 +299,10 @@ def machine() -> str:
         f"{platform.platform()}, {os.cpu_count()} CPU(s) {cpu}, {memory} MiB, Python "
         f"{platform.python_version()}, load {load:.1f}"
     )
+
+
+def write_runs(path: str, args: Any, runs: Sequence[Any], **extra: Any) -> None:
+    """A benchmark's ``--json`` file: the machine, the arguments and every run (dataclasses),
+    and whatever ``extra`` adds."""
+    record = {"machine": machine(), "args": vars(args), "runs": [asdict(r) for r in runs]}
+    Path(path).write_text(json.dumps({**record, **extra}, indent=1))

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import statistics
@@ -63,8 +62,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -80,6 +78,7 @@ from integration.bench.common import (
     rotated,
     spread,
     write_plot,
+    write_runs,
 )
 from integration.bench.kafka_bench import (
     PARTITIONS,
@@ -485,12 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(problem or f"plot: {args.plot}")
         if args.json:
-            Path(args.json).write_text(
-                json.dumps(
-                    {"machine": machine(), "args": vars(args), "runs": [asdict(r) for r in runs]},
-                    indent=1,
-                )
-            )
+            write_runs(args.json, args, runs)
     finally:
         if bench is not None:
             bench.spark.stop()

@@ -41,7 +41,6 @@ CI); without it the table is still printed. The defaults take about 15 minutes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -71,6 +70,7 @@ from integration.bench.common import (
     run_available_now,
     spread,
     write_plot,
+    write_runs,
 )
 
 EXACTLY_ONCE = "epochal exactly-once"
@@ -620,16 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(problem or f"plot: {args.plot}")
         if args.json:
-            Path(args.json).write_text(
-                json.dumps(
-                    {
-                        "machine": machine(),
-                        "args": vars(args),
-                        "runs": [asdict(r) for r in runs],
-                        "ratios": {k: asdict(v) for k, v in summary.ratios.items()},
-                    },
-                    indent=1,
-                )
+            write_runs(
+                args.json, args, runs, ratios={k: asdict(v) for k, v in summary.ratios.items()}
             )
     finally:
         if bench is not None:

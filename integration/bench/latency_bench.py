@@ -46,7 +46,6 @@ works, not a measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -54,8 +53,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -68,6 +66,7 @@ from integration.bench.common import (
     quantile,
     rotated,
     spread,
+    write_runs,
 )
 from integration.bench.kafka_bench import (
     PARTITIONS,
@@ -483,12 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(problem or f"plot: {args.plot}")
         if args.json:
-            Path(args.json).write_text(
-                json.dumps(
-                    {"machine": machine(), "args": vars(args), "runs": [asdict(r) for r in runs]},
-                    indent=1,
-                )
-            )
+            write_runs(args.json, args, runs)
     finally:
         if bench is not None:
             bench.spark.stop()
