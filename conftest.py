@@ -54,10 +54,20 @@ def order_by_cost(units: dict[str, list[Any]], known: dict[str, float]) -> list[
     return sorted(units, key=lambda unit: (-cost(unit), unit))
 
 
+def distributed_by_group(config: Any) -> bool:
+    """Whether this process collects for ``--dist loadgroup``: the controller's option, or
+    the flag xdist leaves a worker's configuration with."""
+    option = config.option
+    return getattr(option, "dist", "no") == "loadgroup" or bool(getattr(option, "loadgroup", False))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> None:
-    """Under ``--dist loadgroup``: group the items into units and order them by cost."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
+    """Under ``--dist loadgroup``: group the items into units and order them by cost.
+
+    The hook runs in each xdist worker (they collect; the controller only schedules), where
+    xdist has set ``dist`` to ``"no"`` and kept the mode as ``loadgroup`` instead."""
+    if not distributed_by_group(config):
         return
     units: dict[str, list[Any]] = {}
     for item in items:

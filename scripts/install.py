@@ -109,6 +109,30 @@ def _connectors() -> list[str]:
     return [os.path.basename(p) for p in PACKAGES if p.startswith("connectors")]
 
 
+def _unmet_dev_versions() -> list[str]:
+    """The dev tools installed at a version their requirement excludes (a tool found by its
+    module can still be the wrong release: pytest 9.2 breaks the suite's grouping)."""
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip always carries it
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+
+    unmet = []
+    for line in dev_requirements():
+        requirement = Requirement(line)
+        if not requirement.specifier:
+            continue
+        try:
+            installed = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            continue  # reported by its module
+        if not requirement.specifier.contains(installed, prereleases=True):
+            unmet.append(f"{requirement.name} {requirement.specifier} (has {installed})")
+    return unmet
+
+
 def _missing() -> list[str]:
     """What this interpreter lacks: modules, or checkout-foreign or hidden epochal packages."""
     connectors = _connectors()
@@ -126,6 +150,7 @@ def _missing() -> list[str]:
             missing.append(name)
         elif name.startswith("epochal") and not (spec.origin or "").startswith(ROOT + os.sep):
             missing.append(f"{name} (installed from another checkout)")
+    missing.extend(_unmet_dev_versions())
     # what Spark's data source lookup sees: top-level modules found on sys.path
     visible = {module.name for module in pkgutil.iter_modules()}
     for name in connectors:

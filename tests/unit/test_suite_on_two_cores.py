@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -128,3 +129,33 @@ def test_the_suite_command_keeps_the_longest_first_order() -> None:
         for line in command.read_text().splitlines():
             if "--dist loadgroup" in line:
                 assert "--no-loadscope-reorder" in line, f"{command.name}: {line.strip()}"
+
+
+def test_two_workers_run_each_module_on_one_worker(tmp_path: Path) -> None:
+    """The grouping holds in a real two-worker run: the hook runs in the workers (they
+    collect; xdist has set their ``dist`` option to "no"), and pytest-xdist can put the unit
+    into each test's id (pytest 9.2 keeps the id where xdist 3.8 cannot: every test became a
+    unit of its own, a module's fixtures were made on both workers and its tests ran at
+    the same time as each other). The order is the same hook's (tested above)."""
+    for name, count in (("test_few", 2), ("test_many", 4)):
+        body = "".join(f"def test_{i}():\n    pass\n\n" for i in range(count))
+        (tmp_path / f"{name}.py").write_text(body)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-v"),
+            *("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"),
+            *("--rootdir", str(tmp_path), str(tmp_path)),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", result.stdout)
+    assert len(ran) == 6, result.stdout[-2000:]
+    workers: dict[str, set[str]] = {}
+    for worker, test in ran:
+        workers.setdefault(test.split("::")[0].split("@")[0], set()).add(worker)
+    assert len(workers) == 2 and all(len(w) == 1 for w in workers.values()), workers
