@@ -120,10 +120,11 @@ def test_jms_bench(jms_server: JmsServer, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(900)
 def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
-    output = run_bench("latency_bench", tmp_path, kafka_env(kafka_server))
+    # one trigger (the 1 s one): each trigger is the same code with another interval, and
+    # each costs three more queries
+    output = run_bench("latency_bench", tmp_path, kafka_env(kafka_server), "--triggers", "1")
     assert "MISSING" not in output, output
-    for trigger in ("trigger 1s", "trigger asap"):
-        assert trigger in output
+    assert "trigger 1s" in output and "trigger asap" not in output, output
     assert re.search(r"p99 +\d+\.\d{3} \(IQR", output), output
     ratios(
         output,

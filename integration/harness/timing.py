@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -67,8 +68,16 @@ def _descends_from(pid: int, root: int) -> bool:
     return False
 
 
+_UNIT_SUFFIX = re.compile(r"@(?:module|case|release):.*$")
+"""The ``@<unit>`` pytest-xdist's ``loadgroup`` appends to a test's id: the root
+conftest.py's units, which can end in a parameter's ``]`` themselves."""
+
+
 def _plain(nodeid: str) -> str:
     """A test's id without the ``@group`` that pytest-xdist's ``loadgroup`` appends."""
+    plain = _UNIT_SUFFIX.sub("", nodeid)
+    if plain != nodeid:
+        return plain
     return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
 

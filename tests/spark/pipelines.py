@@ -12,8 +12,18 @@ from epochal.startup.warmup import WARMUP_QUERY_PREFIX
 
 def copy(spark: Any) -> Any:
     """map journal 'input' → map 'output' (the sink connector from EPOCHAL_TEST_SINK, the
-    map from EPOCHAL_TEST_OUTPUT when set: a change of the job's code to another sink)."""
-    return _to_output(events(spark))
+    map from EPOCHAL_TEST_OUTPUT when set: a change of the job's code to another sink).
+    Changes of the job's code that keep its parts: EPOCHAL_TEST_VALUE_PREFIX puts a prefix
+    before each value (a changed transformation), EPOCHAL_TEST_PARTITIONS repartitions the
+    sink's input into that many Spark partitions (a changed parallelism)."""
+    frame = events(spark)
+    prefix = os.environ.get("EPOCHAL_TEST_VALUE_PREFIX")
+    if prefix:
+        frame = frame.selectExpr("key", f"concat('{prefix}', value) AS value")
+    partitions = os.environ.get("EPOCHAL_TEST_PARTITIONS")
+    if partitions:
+        frame = frame.repartition(int(partitions))
+    return _to_output(frame)
 
 
 def events(spark: Any) -> Any:

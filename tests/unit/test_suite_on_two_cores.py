@@ -74,6 +74,9 @@ def test_xdist_s_group_suffix_is_taken_off_a_test_s_id() -> None:
     assert timing._plain("t.py::test_x@module:t.py") == "t.py::test_x"
     assert timing._plain("t.py::test_x[a@b]") == "t.py::test_x[a@b]"
     assert timing._plain("t.py::test_x") == "t.py::test_x"
+    case = "t.py::S::test_crash[points-eo]"
+    assert timing._plain(f"{case}@case:{case}") == case
+    assert timing._plain("t.py::test_d[4.0.5]@release:t.py::test_d[4.0.5]") == "t.py::test_d[4.0.5]"
 
 
 def test_a_jvm_is_counted_for_the_test_whose_process_started_it(tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ class DriverProcess:
         self.warm = job is None
         self.on_event = on_event
         self.launched = time.time()
+        self._inherited = frozenset(os.environ)  # what the driver's environment started from
         self.ready = threading.Event()
         self.progressed = threading.Event()
         self._cleaning = threading.Event()
@@ -154,8 +155,9 @@ class DriverProcess:
     def promote(self, epoch: int, snapshot_dir: str, job: str) -> None:
         """Bind this warm driver to ``job`` at lease ``epoch``: it starts the job's query.
         The driver's Python takes the supervisor's environment as it is now (a pipeline that
-        reads a setting from the environment sees the current one); its JVM and workers keep
-        the one they started with (connectors get what they need from the run record)."""
+        reads a setting from the environment sees the current one, and no longer sees one the
+        supervisor has dropped since the driver was launched); its JVM and workers keep the
+        one they started with (connectors get what they need from the run record)."""
         assert self.proc.stdin is not None
         per_driver = {
             processes.RUN_TOKEN_ENV,
@@ -164,7 +166,9 @@ class DriverProcess:
             *self.profile.environment(),
         }
         env = {k: v for k, v in os.environ.items() if k not in per_driver}
-        self.proc.stdin.write(Promotion(epoch, snapshot_dir, job, env).to_line())
+        launch_only = {*per_driver, "TMPDIR", "PYTHONUNBUFFERED"}  # the launch's own settings
+        unset = tuple(sorted(k for k in self._inherited - set(os.environ) if k not in launch_only))
+        self.proc.stdin.write(Promotion(epoch, snapshot_dir, job, env, unset).to_line())
         self.proc.stdin.flush()
         self.warm = False
         self._heartbeat = time.monotonic()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,12 +61,15 @@ def read_event(line: str) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class Promotion:
     """The supervisor's order to a warm driver: run job ``job`` of ``snapshot_dir`` at lease
-    ``epoch``, with the supervisor's environment as it is now (``env``)."""
+    ``epoch``, with the supervisor's environment as it is now (``env``), without the variables
+    it had when the driver was launched and no longer has (``unset``: a warm driver must not
+    run a pipeline with a setting the supervisor has since dropped)."""
 
     epoch: int
     snapshot_dir: str
     job: str
     env: dict[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
 
     def to_line(self) -> str:
         """The line written to the driver's stdin."""
@@ -77,10 +81,17 @@ class Promotion:
                     "snapshot_dir": self.snapshot_dir,
                     "job": self.job,
                     "env": self.env,
+                    "unset": list(self.unset),
                 }
             )
             + "\n"
         )
+
+    def apply_env(self, environ: MutableMapping[str, str]) -> None:
+        """Make ``environ`` (the warm driver's) the supervisor's: drop ``unset``, take ``env``."""
+        for name in self.unset:
+            environ.pop(name, None)
+        environ.update(self.env)
 
     @classmethod
     def parse(cls, line: str) -> Promotion | None:
@@ -98,4 +109,5 @@ class Promotion:
             str(message["snapshot_dir"]),
             str(message["job"]),
             {str(k): str(v) for k, v in dict(message.get("env") or {}).items()},
+            tuple(str(k) for k in message.get("unset") or ()),
         )

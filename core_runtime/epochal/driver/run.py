@@ -126,7 +126,7 @@ class Driver:
                 job = self.supervision.wait_for_promotion(
                     stay_warm if keep_warm else None, every=warmup.KEEP_WARM_SECONDS
                 )
-                os.environ.update(job.env)  # the supervisor's, as it is now
+                job.apply_env(os.environ)  # the supervisor's, as it is now
                 kind, launched = "standby", time.time()
                 phases = self.current.phases = Phases(launched)
             build = self._bind(job)
