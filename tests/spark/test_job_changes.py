@@ -23,7 +23,7 @@ import pytest
 from epochal import Job, JobConfig, JobStatus
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
-from tests.spark.map_file import committed_transactions
+from epochal_sdk import TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -180,9 +180,16 @@ def test_a_changed_parallelism_of_the_sinks_input_is_carried_over(
 
 
 def _committed_partitions(map_path: str) -> dict[int, set[int]]:
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(map_path)) as conn:
+        rows = conn.execute("SELECT txn_id FROM txns WHERE state = 'committed'").fetchall()
     found: dict[int, set[int]] = {}
-    for txn in committed_transactions(map_path):
-        found.setdefault(txn.batch, set()).add(txn.partition)
+    for (text,) in rows:
+        txn = TransactionId.parse(text)
+        if txn is not None:
+            found.setdefault(txn.batch, set()).add(txn.partition)
     return found
 
 

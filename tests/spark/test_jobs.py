@@ -3,9 +3,11 @@ snapshot verification before a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
-from tests.spark.map_file import committed_transactions
+from epochal_sdk import TransactionId
 
 pytestmark = pytest.mark.spark
 
@@ -193,7 +195,9 @@ def test_replace_settles_what_a_killed_job_left_prepared_and_starts_over(
 
 def _committed_attempts(path: str) -> set[int]:
     """The task attempts of every transaction the map file committed."""
-    return {txn.attempt for txn in committed_transactions(path)}
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT txn_id FROM txns WHERE state = 'committed'").fetchall()
+    return {TransactionId.of(txn).attempt for (txn,) in rows}
 
 
 def test_a_sink_the_changed_code_no_longer_writes_is_settled_at_the_next_run(
