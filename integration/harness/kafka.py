@@ -240,7 +240,19 @@ class KafkaServer(Server):
         new = ck.admin.NewTopic(name, partitions, replication_factor, config=dict(config or {}))
         futures = self.admin().create_topics([new], operation_timeout=timeout)
         futures[name].result(timeout)
+        self._wait_for_leaders(name, partitions, timeout)
+        return name
 
+    def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
+        """Grow topic ``name`` to ``total`` partitions and wait until each has a leader."""
+        ck = _confluent()
+        futures = self.admin().create_partitions(
+            [ck.admin.NewPartitions(name, total)], operation_timeout=timeout
+        )
+        futures[name].result(timeout)
+        self._wait_for_leaders(name, total, timeout)
+
+    def _wait_for_leaders(self, name: str, partitions: int, timeout: float) -> None:
         def has_leaders() -> bool:
             topic = self.admin().list_topics(name, timeout=5).topics.get(name)
             return (
@@ -250,8 +262,7 @@ class KafkaServer(Server):
                 and all(p.leader >= 0 for p in topic.partitions.values())
             )
 
-        wait_until(has_leaders, timeout, f"topic {name} to have partition leaders")
-        return name
+        wait_until(has_leaders, timeout, f"topic {name} to have {partitions} partition leaders")
 
     def delete_topic(self, name: str, timeout: float = 30.0) -> None:
         """Delete a topic (errors are ignored: used for best-effort clean-up)."""

@@ -1,7 +1,8 @@
 """The processes a kit scenario starts keep their temporary files in the test's own directory:
 the environment the kit gives them points ``TMPDIR`` there, and a driver started with it sets
 its JVM's temporary directory (where Spark puts ``blockmgr-*``, ``artifacts-*`` and the native
-libraries it unpacks) to it. The Spark run itself: tests/conformance/test_kit_temp_files.py."""
+libraries it unpacks) to it. The Spark run itself: the map
+conformance suite's session-failures cases (tests/conformance/test_map_conformance.py)."""
 
 from __future__ import annotations
 

@@ -58,6 +58,11 @@ CHUNK_ROWS = 20_000
 EARLIEST, LATEST = -2, -1
 
 
+CONSUME_WAIT = 0.05
+"""Seconds a read waits in one ``consume()`` call for the records it asked for. A range that
+ends in a transaction marker holds fewer records than offsets, so the last call of such a read
+waits this long before the client's position shows the range is done."""
+
 FETCH_QUEUE_BACKOFF_MS = 10
 """The readers' ``fetch.queue.backoff.ms`` unless ``kafka.fetch.queue.backoff.ms`` is given.
 librdkafka (2.4+) pauses fetching a partition for that long (default 1000 ms) once its local
@@ -418,7 +423,10 @@ def _consume(
     done = False
     while not done:
         before = position
-        messages = consumer.consume(num_messages=min(CHUNK_ROWS, 10_000), timeout=0.5)
+        # ask for no more than the range still holds: consume() returns once it has that
+        # many (else only at its timeout, which every small batch would wait out)
+        wanted = max(1, min(CHUNK_ROWS, 10_000, end - position))
+        messages = consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT)
         if (
             messages
             and messages[-1].offset() < end
@@ -458,12 +466,14 @@ def _consume(
             types.append(kind)
             headers.append(message.headers())
             position = offset + 1
-        if position != before:
-            last_progress = time.monotonic()
-        elif not done:
+        if not done:
+            # the client's position passes control and aborted records it skipped, so it
+            # reaches ``end`` when the range ends in a transaction marker
             current = consumer.position([TopicPartition(topic, number)])[0].offset
-            if current >= end:
+            if position >= end or current >= end:
                 done = True
+            elif position != before:
+                last_progress = time.monotonic()
             elif time.monotonic() - last_progress > stall_timeout:
                 raise RestartableError(
                     f"kafka source: {topic}:{number}: no progress for {stall_timeout:g}s at "

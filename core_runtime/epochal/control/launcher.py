@@ -259,6 +259,7 @@ class DriverPool:
         self._lock = threading.Lock()
         self._warm: dict[SessionProfile, list[DriverProcess]] = {}
         self._wanted: set[SessionProfile] = set()
+        self._asked: set[SessionProfile] = set()  # since the last retire_unasked()
         self._wake = threading.Event()
         self._closed = False
         self._started = 0
@@ -271,7 +272,30 @@ class DriverPool:
             return
         with self._lock:
             self._wanted.add(profile)
+            self._asked.add(profile)
         self._wake.set()
+
+    def retire_unasked(self) -> int:
+        """Stop keeping drivers for every profile that no job asked for (:meth:`prepare`,
+        :meth:`take`) since the last call, and kill their waiting drivers; returns how many.
+
+        A user of the pool that works in phases calls it when one ends (the kit: after each
+        test module), so a profile that nothing asks for any more stops costing a JVM per
+        waiting driver and a new one each time one dies; a profile asked for again is
+        warmed again. A profile asked for in the phase that ended is kept for the next."""
+        with self._lock:
+            unasked = self._wanted - self._asked
+            self._wanted -= unasked
+            self._asked.clear()
+            drivers = [d for profile in unasked for d in self._warm.pop(profile, [])]
+        for driver in drivers:
+            driver.kill()
+        return len(drivers)
+
+    def waiting(self, profile: SessionProfile) -> int:
+        """How many drivers of ``profile`` the pool keeps now (ready or warming)."""
+        with self._lock:
+            return len(self._warm.get(profile, []))
 
     def take(self, profile: SessionProfile, wait: float = 0.0) -> DriverProcess | None:
         """A driver of ``profile`` for a job: a ready one; else, after waiting up to ``wait``

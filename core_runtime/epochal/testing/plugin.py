@@ -83,17 +83,34 @@ def epochal_driver_pool(tmp_path_factory: Any) -> Iterator[DriverPool | None]:
     batch, and on two cores the CPU is what the suite is short of. Their logs and run records
     are in the session's own temporary directory (``epochal-pool*`` under pytest's base one);
     each driver's scratch directory, which its JVM's temporary files go to, is removed when
-    the driver ends."""
+    the driver ends. After each test module, the pool stops keeping drivers for the profiles
+    that no job asked for during it (see :func:`pytest_runtest_teardown`)."""
     if os.environ.get(POOL_ENV, "1") == "0":
         yield None
         return
     pool = DriverPool(size=2, directory=str(tmp_path_factory.mktemp("epochal-pool")), warm_up=False)
     use_pool(pool)
+    global _pool
+    _pool = pool
     try:
         yield pool
     finally:
+        _pool = None
         use_pool(None)
         pool.close()
+
+
+_pool: DriverPool | None = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
+    """At the end of a test module, retire the warm drivers of every session profile that no
+    job asked for during it (a module's jobs share a profile; the next module's often have
+    another): each waiting driver is a JVM that costs CPU to start and keeps costing some
+    while it waits, which on a small machine slows the tests that run beside it."""
+    if _pool is not None and (nextitem is None or nextitem.path != item.path):
+        _pool.retire_unasked()
 
 
 def pytest_runtest_logreport(report: Any) -> None:
