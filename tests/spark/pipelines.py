@@ -15,8 +15,16 @@ def copy(spark: Any) -> Any:
     map from EPOCHAL_TEST_OUTPUT when set: a change of the job's code to another sink).
     Changes of the job's code that keep its parts: EPOCHAL_TEST_VALUE_PREFIX puts a prefix
     before each value (a changed transformation), EPOCHAL_TEST_PARTITIONS repartitions the
-    sink's input into that many Spark partitions (a changed parallelism)."""
+    sink's input into that many Spark partitions (a changed parallelism),
+    EPOCHAL_TEST_SHUFFLE_PARTITIONS sets ``spark.sql.shuffle.partitions`` and shuffles the
+    sink's input by key (a changed number of shuffle partitions; adaptive execution's
+    coalescing is off, or it would merge 50 records into one partition)."""
     frame = events(spark)
+    shuffle = os.environ.get("EPOCHAL_TEST_SHUFFLE_PARTITIONS")
+    if shuffle:
+        spark.conf.set("spark.sql.shuffle.partitions", shuffle)
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+        frame = frame.repartition("key")
     prefix = os.environ.get("EPOCHAL_TEST_VALUE_PREFIX")
     if prefix:
         frame = frame.selectExpr("key", f"concat('{prefix}', value) AS value")

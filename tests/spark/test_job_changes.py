@@ -179,6 +179,29 @@ def test_a_changed_parallelism_of_the_sinks_input_is_carried_over(
     assert committed[4] == {0, 1, 2} and committed[KILL_AT] == {0, 1}, committed
 
 
+def test_changed_shuffle_partitions_of_a_stateless_shuffle_take_effect_and_are_carried_over(
+    tmp_path: Path, map_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spark.sql.shuffle.partitions`` set by the job's code (3, then 4 after the suspend,
+    then 1 after the kill) before a shuffle by key into the sink. A stateless shuffle takes
+    the number the code sets when the query is built (only a stateful operator's is fixed by
+    the checkpoint), so this is a change of the sink's parallelism: batch 4 is written in 4
+    partitions; the kill's prepared transactions (4 partitions) are rolled back and the batch
+    is written again in 1."""
+    monkeypatch.setenv("EPOCHAL_TEST_SHUFFLE_PARTITIONS", "3")
+
+    def change(step: int) -> None:
+        monkeypatch.setenv("EPOCHAL_TEST_SHUFFLE_PARTITIONS", "4" if step == 1 else "1")
+
+    counts = _run_with_two_changes(tmp_path, map_path, change, ["output"])
+    assert counts == EXACTLY_ONCE, counts
+    committed = sorted(_committed_partitions(map_path).items())
+    three, four, one = {0, 1, 2}, {0, 1, 2, 3}, {0}
+    assert committed == [(0, three), (1, three), (2, three), (3, three), (4, four), (5, one)], (
+        committed
+    )
+
+
 def _committed_partitions(map_path: str) -> dict[int, set[int]]:
     import contextlib
     import sqlite3
