@@ -203,6 +203,7 @@ class Soak:
                 "--lease-ttl",
                 "10s",
                 *(["--standby"] if self.args.standby else []),
+                *(self._short_lived_jvms() if self.args.short_lived_jvms else []),
                 *common,
             ]
         self.supervisor = subprocess.Popen(
@@ -212,6 +213,16 @@ class Soak:
             env=self.env(),
             text=True,
         )
+
+    @staticmethod
+    def _short_lived_jvms() -> list[str]:
+        from epochal.startup.classdata import SHORT_LIVED_JVM
+
+        options = " ".join(SHORT_LIVED_JVM)
+        return [
+            *("--conf", f"spark.driver.extraJavaOptions={options}"),
+            *("--conf", f"spark.executor.extraJavaOptions={options}"),
+        ]
 
     # -- the job's state, read as an operator would --------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -484,6 +495,12 @@ def parser() -> argparse.ArgumentParser:
         help="Spark master; executor kills need local-cluster (default: %(default)s)",
     )
     p.add_argument("--standby", action="store_true", help="run the job with a warm standby driver")
+    p.add_argument(
+        "--short-lived-jvms",
+        action="store_true",
+        help="the driver and executors with the JVM settings of a short run (C1 only, serial "
+        "GC: epochal.startup.classdata.SHORT_LIVED_JVM), as the test's small soak runs",
+    )
     p.add_argument(
         "--cycle", action="store_true", help="every kind once per round of kills (random order)"
     )

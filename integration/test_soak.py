@@ -24,6 +24,7 @@ def test_a_small_soak_loses_and_duplicates_nothing(tmp_path) -> None:
             "--kills",
             "5",
             "--cycle",
+            "--short-lived-jvms",
             "--seed",
             "11",
             "--rate",

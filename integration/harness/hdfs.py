@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epochal.startup.classdata import SHORT_LIVED_JVM
+
 from ._process import (
     HOST,
     HarnessError,
@@ -39,7 +41,7 @@ from .cache import hadoop_hdfs_jars, hadoop_yarn_version, require_java
 from .server import Backend, LocalBackend, Server
 from .yarn_conf import LOG4J
 
-JVM_OPTS = ["-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.net.preferIPv4Stack=true"]
+JVM_OPTS = [*SHORT_LIVED_JVM, "-XX:+ExitOnOutOfMemoryError", "-Djava.net.preferIPv4Stack=true"]
 NAMENODE_CLASS = "org.apache.hadoop.hdfs.server.namenode.NameNode"
 DATANODE_CLASS = "org.apache.hadoop.hdfs.server.datanode.DataNode"
 USER = "epochal"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epochal.startup.classdata import SHORT_LIVED_JVM
+
 from ._process import (
     HOST,
     HarnessError,
@@ -163,12 +165,17 @@ def standalone_spec() -> NodeSpec:
 
 
 class LocalKafka(LocalBackend):
-    """A Kafka broker+controller JVM in a temporary directory."""
+    """A Kafka broker+controller JVM in a temporary directory (``jvm_options``: added to the
+    harness's own, e.g. the short-lived JVM settings of a test's cluster)."""
 
     start_timeout = 120.0
 
     def __init__(
-        self, name: str = "kafka", spec: NodeSpec | None = None, heap: str = "512m"
+        self,
+        name: str = "kafka",
+        spec: NodeSpec | None = None,
+        heap: str = "512m",
+        jvm_options: tuple[str, ...] = (),
     ) -> None:
         java = require_java()
         libs = kafka_classpath()
@@ -182,9 +189,9 @@ class LocalKafka(LocalBackend):
         config.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
         (workdir / "log4j2.properties").write_text(_LOG4J2)
         log4j = f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}"
-        base = [java, *JVM_OPTS, f"-Xmx{heap}", log4j, "-cp", f"{libs}/*"]
-        run_checked(
-            [*base, "kafka.tools.StorageTool", *_format_args(spec, config)],
+        base = [java, *JVM_OPTS, *jvm_options, f"-Xmx{heap}", log4j, "-cp", f"{libs}/*"]
+        run_checked(  # a tool that runs for seconds: the short-lived JVM settings
+            [*base, *SHORT_LIVED_JVM, "kafka.tools.StorageTool", *_format_args(spec, config)],
             f"formatting Kafka {kafka_version()} storage",
             timeout=120,
         )
@@ -367,7 +374,8 @@ def start_kafka_cluster(size: int = 3) -> KafkaCluster:
     try:
         for i, (broker, controller) in enumerate(ports):
             spec = NodeSpec(i + 1, broker, controller, cluster_id, voters, replication)
-            locals_.append(LocalKafka(f"kafka-{i + 1}", spec, heap="384m"))
+            # a test's cluster lives for a minute: the short-lived JVM settings
+            locals_.append(LocalKafka(f"kafka-{i + 1}", spec, "384m", SHORT_LIVED_JVM))
         backend = ClusterBackend("kafka-cluster", locals_)
         backend.start()
     except HarnessError:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epochal.startup.classdata import SHORT_LIVED_JVM
 from epochal.startup.home import fast_spark_home
 
 from ._process import (
@@ -41,7 +42,7 @@ from .cache import pyspark_home, require_java
 from .server import Backend, LocalBackend, Server
 
 #: Heap of the master and worker daemons (Spark's default is 1 GiB each).
-DAEMON_JVM_OPTS = ["-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError"]
+DAEMON_JVM_OPTS = ["-Xms64m", "-Xmx256m", *SHORT_LIVED_JVM, "-XX:+ExitOnOutOfMemoryError"]
 #: The master declares a silent worker dead after this many seconds (default 60). A killed
 #: worker is noticed at once anyway (its connection drops); this bounds a hung one.
 WORKER_TIMEOUT_S = 10

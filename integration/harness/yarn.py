@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epochal.startup.classdata import SHORT_LIVED_JVM
+
 from . import yarn_conf
 from ._process import (
     HOST,
@@ -44,7 +46,7 @@ from .cache import hadoop_yarn_jars, hadoop_yarn_version, pyspark_home, require_
 from .server import Backend, LocalBackend, Server
 from .yarn_conf import AM_EXPIRY_MS, NM_EXPIRY_MS, NM_PORTS, RM_PORTS, write_conf
 
-JVM_OPTS = ["-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.net.preferIPv4Stack=true"]
+JVM_OPTS = [*SHORT_LIVED_JVM, "-XX:+ExitOnOutOfMemoryError", "-Djava.net.preferIPv4Stack=true"]
 RM_CLASS = "org.apache.hadoop.yarn.server.resourcemanager.ResourceManager"
 NM_CLASS = "org.apache.hadoop.yarn.server.nodemanager.NodeManager"
 AM_CLASS = "org.apache.spark.deploy.yarn.ApplicationMaster"
@@ -353,6 +355,9 @@ class YarnCluster(Server):
             "spark.executor.instances": "1",
             "spark.executor.cores": "1",
             "spark.ui.enabled": "false",
+            # the application master (the driver) and the executor live for minutes
+            "spark.driver.extraJavaOptions": " ".join(SHORT_LIVED_JVM),
+            "spark.executor.extraJavaOptions": " ".join(SHORT_LIVED_JVM),
         }
 
     def submit(

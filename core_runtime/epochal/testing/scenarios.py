@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epochal.base.fault_plan import Fault
+from epochal.startup.classdata import SHORT_LIVED_JVM
 from epochal.state.jobs import JobRecord
 from epochal_sdk import Guarantee
 
-_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m -XX:-UsePerfData"
+_FAST_JVM = " ".join((*SHORT_LIVED_JVM, "-Xss4m"))
 TEST_SPARK_CONF = {
-    # Short-lived test drivers: C1 only and the serial GC start faster and use less CPU on a
-    # small machine; production jobs keep the JVM defaults. No perf data: a JVM writes it to
-    # /tmp/hsperfdata_<user> whatever its temporary directory, and a killed one leaves it.
+    # short-lived drivers and executors (SHORT_LIVED_JVM)
     "spark.driver.extraJavaOptions": _FAST_JVM,
     "spark.executor.extraJavaOptions": _FAST_JVM,
     "spark.sql.shuffle.partitions": "2",
