@@ -17,6 +17,17 @@ SMOKE_HELP = (
 )
 """The help of every benchmark's ``--smoke`` flag (what ``integration/test_benchmarks.py``
 runs)."""
+_driver_java_options = ""
+
+
+def smoke_run() -> None:
+    """Called by a benchmark's ``--smoke``: its session's driver, which measures nothing and
+    lives for seconds, gets the short-lived JVM settings (``SHORT_LIVED_JVM``: C1 only, a
+    third less CPU); a measuring run keeps the JVM's defaults."""
+    from epochal.startup.classdata import SHORT_LIVED_JVM
+
+    global _driver_java_options
+    _driver_java_options = " ".join(SHORT_LIVED_JVM)
 
 
 @dataclass
@@ -89,6 +100,8 @@ def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
+    if _driver_java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", _driver_java_options)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

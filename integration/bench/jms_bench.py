@@ -52,6 +52,7 @@ from integration.bench.common import (
     ratio_lines,
     rotated,
     run_available_now,
+    smoke_run,
     write_plot,
 )
 
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.records, args.batch = 1, 2_000, 500
+        smoke_run()
     if min(args.rounds, args.records, args.batch, args.body) < 1:
         parser.error("--rounds, --records, --batch and --body must be at least 1")
     if args.records < 2 * args.batch:

@@ -68,6 +68,7 @@ from integration.bench.common import (
     quantile,
     rotated,
     run_available_now,
+    smoke_run,
     spread,
     write_plot,
     write_runs,
@@ -575,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.batches, args.batch = 1, 3, 2_000
+        smoke_run()
     if args.batches < 3:
         parser.error("--batches must be at least 3 (a query's first and last are not measured)")
 

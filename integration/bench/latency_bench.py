@@ -65,6 +65,7 @@ from integration.bench.common import (
     machine,
     quantile,
     rotated,
+    smoke_run,
     spread,
     write_runs,
 )
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.rate, args.seconds, args.warmup = 1, 200, 3.0, 2.0
+        smoke_run()
     try:
         triggers = [float(t) for t in args.triggers.split(",") if t.strip()]
     except ValueError:

@@ -11,7 +11,7 @@ not change: the scripts make and use ``.venv`` instead.
 
 Cost: pip installs from its cache (``~/.cache/pip``, filled when this checkout's own
 packages were installed; pyspark's wheel is built once and cached), about 40 s per fresh
-environment; the demo itself takes 1.5-2 minutes (three Spark driver starts); ``make test``
+environment; the demo itself takes about a minute (three Spark driver starts); ``make test``
 is limited to one unit test module with ``PYTEST_ARGS``. Deselect both with
 ``-m "not quickstart"``.
 """

@@ -48,7 +48,7 @@ def _port(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The command line; every option's help says its default."""
-    from epochal.ops.demo import DEFAULT_FAULTS
+    from epochal.ops.demo import DEFAULT_EVENTS, DEFAULT_FAULTS
 
     top = argparse.ArgumentParser(
         prog="epochal",
@@ -258,7 +258,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--events",
         type=int,
-        default=8000,
+        default=DEFAULT_EVENTS,
         help="events written to the journal while the job runs (default: %(default)s)",
     )
     p.add_argument(

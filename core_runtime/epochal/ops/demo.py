@@ -32,6 +32,9 @@ MAP_DISTRIBUTION = "epochal-map"
 """The demo's journal and its totals are the map connector's: installed with
 ``pip install 'epochal[demo]'`` (or ``epochal-map`` itself)."""
 USERS = 25
+DEFAULT_EVENTS = 4000
+"""Events the demo writes by default: its producer goes on anyway until both crash points
+fired (batches 8 and 12, about 3 000 events), so more would only lengthen the run."""
 DEFAULT_FAULTS = "sink.after_decision@8,sink.mid_commit@12:worker"
 """The whole driver killed after a commit decision (the warm standby takes over), then the
 commit worker killed in the middle of phase 2 (the driver restarts the query in place)."""
@@ -129,7 +132,7 @@ def _tally(path: str, total: int) -> Tally:
 
 
 def run(
-    events: int = 8000,
+    events: int = DEFAULT_EVENTS,
     faults: str = DEFAULT_FAULTS,
     directory: str | None = None,
     keep: bool = False,
