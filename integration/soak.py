@@ -216,12 +216,11 @@ class Soak:
 
     @staticmethod
     def _short_lived_jvms() -> list[str]:
-        from epochal.startup.classdata import SHORT_LIVED_JVM
+        from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS
 
-        options = " ".join(SHORT_LIVED_JVM)
         return [
-            *("--conf", f"spark.driver.extraJavaOptions={options}"),
-            *("--conf", f"spark.executor.extraJavaOptions={options}"),
+            *("--conf", f"spark.driver.extraJavaOptions={SHORT_LIVED_JVM_OPTIONS}"),
+            *("--conf", f"spark.executor.extraJavaOptions={SHORT_LIVED_JVM_OPTIONS}"),
         ]
 
     # -- the job's state, read as an operator would --------------------------------------------

@@ -36,7 +36,7 @@ workers="${EPOCHAL_TEST_WORKERS:-2}"
 # Every JVM that a test starts through spark-submit (its own SparkSession, a benchmark's smoke
 # run, spark-pipelines, a YARN submission's client) lives for minutes: the short-lived JVM
 # settings, as the harness gives its daemons and the kit its drivers (docs/contributing/testing.md)
-short_lived="$("$PYTHON" -c 'from epochal.startup.classdata import SHORT_LIVED_JVM as o; print(*o)')"
+short_lived="$("$PYTHON" -c 'from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS as o; print(o)')"
 export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }$short_lived"
 parallel=()
 if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi

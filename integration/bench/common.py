@@ -24,10 +24,10 @@ def smoke_run() -> None:
     """Called by a benchmark's ``--smoke``: its session's driver, which measures nothing and
     lives for seconds, gets the short-lived JVM settings (``SHORT_LIVED_JVM``: C1 only, a
     third less CPU); a measuring run keeps the JVM's defaults."""
-    from epochal.startup.classdata import SHORT_LIVED_JVM
+    from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS
 
     global _driver_java_options
-    _driver_java_options = " ".join(SHORT_LIVED_JVM)
+    _driver_java_options = SHORT_LIVED_JVM_OPTIONS
 
 
 @dataclass

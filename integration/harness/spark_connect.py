@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epochal.startup.classdata import SHORT_LIVED_JVM
+from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS
 
 from ._process import (
     HOST,
@@ -184,7 +184,7 @@ class LocalSparkConnect(LocalBackend):
             "spark.driver.host": HOST,
             "spark.driver.bindAddress": HOST,
             "spark.ui.enabled": "false",
-            "spark.driver.extraJavaOptions": " ".join(SHORT_LIVED_JVM),  # a test's server
+            "spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,  # a test's server
             "spark.sql.shuffle.partitions": "4",
             "spark.local.dir": str(workdir / "tmp"),
             "spark.sql.warehouse.dir": str(workdir / "warehouse"),

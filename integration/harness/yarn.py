@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epochal.startup.classdata import SHORT_LIVED_JVM
+from epochal.startup.classdata import SHORT_LIVED_JVM, SHORT_LIVED_JVM_OPTIONS
 
 from . import yarn_conf
 from ._process import (
@@ -356,8 +356,8 @@ class YarnCluster(Server):
             "spark.executor.cores": "1",
             "spark.ui.enabled": "false",
             # the application master (the driver) and the executor live for minutes
-            "spark.driver.extraJavaOptions": " ".join(SHORT_LIVED_JVM),
-            "spark.executor.extraJavaOptions": " ".join(SHORT_LIVED_JVM),
+            "spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,
         }
 
     def submit(

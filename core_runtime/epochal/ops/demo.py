@@ -23,7 +23,7 @@ from typing import Any
 from epochal.api import Job
 from epochal.config import JobConfig
 from epochal.ops.recovery import recoveries
-from epochal.startup.classdata import SHORT_LIVED_JVM
+from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS
 from epochal.state.jobs import JobStatus
 from epochal_sdk import EpochalError, Guarantee
 
@@ -164,7 +164,7 @@ def run(
         standby=True,
         # a demo's drivers live for a minute: the short-lived JVM settings save a third of
         # their CPU (a production job keeps the JVM's defaults)
-        spark_conf={"spark.driver.extraJavaOptions": " ".join(SHORT_LIVED_JVM)},
+        spark_conf={"spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS},
     )
     seen = {"rows": 0, "run": 1}
 

@@ -38,6 +38,8 @@ executor or server daemon): C1 only and the serial GC, so the JIT's C2 compilati
 a short JVM's CPU) are not made: a demo's drivers use about a third less CPU on two cores. A
 production job keeps the JVM's defaults, which a long run repays. No perf data: a JVM writes
 it to /tmp/hsperfdata_<user> whatever its temporary directory, and a killed one leaves it."""
+SHORT_LIVED_JVM_OPTIONS = " ".join(SHORT_LIVED_JVM)
+""":data:`SHORT_LIVED_JVM` as one option string (``spark.driver.extraJavaOptions``)."""
 
 
 def java_executable() -> str:
