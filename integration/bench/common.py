@@ -82,7 +82,9 @@ class MeasuredBatches:
 
 def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
     """The one SparkSession of a benchmark run (``local[2]``, quiet, ``conf`` added) with
-    epochal's ``connectors`` registered; Python workers run this interpreter."""
+    epochal's ``connectors`` registered; Python workers run this interpreter. It runs on
+    epochal's Spark home and local file system, as epochal's drivers do, so the peers measured
+    in it (Spark's own connectors, ``foreachBatch``) write their checkpoints the same way."""
     import os
     import sys
 
@@ -90,6 +92,7 @@ def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
 
     from epochal.spark.datasource import register
     from epochal.startup.home import use_fast_spark_home
+    from epochal.startup.statefiles import session_conf
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     use_fast_spark_home("local[2]")  # what epochal's drivers do
@@ -100,6 +103,8 @@ def bench_session(app_name: str, connectors: list[str], **conf: str) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
+    for key, value in session_conf("local[2]").items():  # epochal's local file system, for
+        builder = builder.config(key, value)  # every way of the run, the peers' too
     if _driver_java_options:
         builder = builder.config("spark.driver.extraJavaOptions", _driver_java_options)
     for key, value in conf.items():

@@ -138,7 +138,7 @@ def test_the_fast_home_has_every_pyspark_jar_and_the_state_file_system(tmp_path:
     assert statefiles.source_digest() in fast.name  # a changed source gets a new home
 
 
-def test_state_files_are_linked_only_where_every_jvm_has_the_jar(
+def test_the_local_file_system_is_used_only_where_every_jvm_has_the_jar(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from epochal.startup import statefiles
@@ -147,15 +147,21 @@ def test_state_files_are_linked_only_where_every_jvm_has_the_jar(
     (with_jar / "jars").mkdir(parents=True)
     (with_jar / "jars" / statefiles.JAR_NAME).write_bytes(b"")
     (without / "jars").mkdir(parents=True)
-    linking = {"spark.hadoop.fs.file.impl": statefiles.FILE_SYSTEM_CLASS}
+    linking = {
+        "spark.hadoop.fs.file.impl": statefiles.FILE_SYSTEM_CLASS,
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": statefiles.FILE_CONTEXT_CLASS,
+    }
     monkeypatch.delenv(statefiles.SWITCH_ENV, raising=False)
     monkeypatch.setenv("SPARK_HOME", str(with_jar))
     assert statefiles.session_conf("local[2]") == linking
     assert statefiles.session_conf("local-cluster[2,1,1024]") == linking
     assert statefiles.session_conf("spark://host:7077") == {}  # executors elsewhere
     assert statefiles.session_conf("yarn") == {}
-    monkeypatch.setenv(statefiles.SWITCH_ENV, "off")
-    assert statefiles.session_conf("local[2]") == {}
+    monkeypatch.setenv(statefiles.SWITCH_ENV, "off")  # links off, no processes still
+    assert statefiles.session_conf("local[2]") == {
+        **linking,
+        "spark.hadoop.fs.file.impl": statefiles.COPYING_FILE_SYSTEM_CLASS,
+    }
     monkeypatch.delenv(statefiles.SWITCH_ENV)
     monkeypatch.setenv("SPARK_HOME", str(without))  # a Spark home of the user's, or no JDK
     assert statefiles.session_conf("local[2]") == {}

@@ -37,16 +37,19 @@ def wheels(built_wheels: dict[str, Path]) -> dict[str, set[str]]:
 # -- the paths a module resolves relative to itself --------------------------------------------
 
 
-def _resolved(node: ast.AST, module: Path, package_dirs: dict[str, Path]) -> Path | None:
+def _resolved(
+    node: ast.AST, module: Path, package_dirs: dict[str, Path], names: dict[str, Path]
+) -> Path | None:
     """The path ``node`` evaluates to when it is built from the module's own location (its
-    ``__file__`` or its package's resources) with constant parts; None for anything else."""
-    if isinstance(node, ast.Name) and node.id == "__file__":
-        return module
+    ``__file__``, its package's resources or a module-level name bound to such a path) with
+    constant parts; None for anything else."""
+    if isinstance(node, ast.Name):
+        return module if node.id == "__file__" else names.get(node.id)
     if isinstance(node, ast.Attribute) and node.attr == "parent":
-        base = _resolved(node.value, module, package_dirs)
+        base = _resolved(node.value, module, package_dirs, names)
         return base.parent if base is not None else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-        base = _resolved(node.left, module, package_dirs)
+        base = _resolved(node.left, module, package_dirs, names)
         part = _constant(node.right)
         return base / part if base is not None and part is not None else None
     if not isinstance(node, ast.Call):
@@ -55,9 +58,9 @@ def _resolved(node: ast.AST, module: Path, package_dirs: dict[str, Path]) -> Pat
     last = func.rsplit(".", 1)[-1]
     if last in {"abspath", "realpath", "Path", "resolve", "normpath"}:
         inner = node.args[0] if node.args else getattr(node.func, "value", None)
-        return _resolved(inner, module, package_dirs) if inner is not None else None
+        return _resolved(inner, module, package_dirs, names) if inner is not None else None
     if last == "dirname" and node.args:
-        base = _resolved(node.args[0], module, package_dirs)
+        base = _resolved(node.args[0], module, package_dirs, names)
         return base.parent if base is not None else None
     if last in {"join", "joinpath"}:
         pieces = list(node.args)
@@ -65,7 +68,7 @@ def _resolved(node: ast.AST, module: Path, package_dirs: dict[str, Path]) -> Pat
             pieces.insert(0, node.func.value)
         if not pieces:
             return None
-        base = _resolved(pieces[0], module, package_dirs)
+        base = _resolved(pieces[0], module, package_dirs, names)
         parts = [_constant(a) for a in pieces[1:]]
         if base is None or not all(parts):
             return None
@@ -98,8 +101,16 @@ def opened_at_run_time(dist: str) -> set[Path]:
     found: set[Path] = set()
     for package in packages:
         for module in package.rglob("*.py"):
-            for node in ast.walk(ast.parse(module.read_text())):
-                path = _resolved(node, module, package_dirs)
+            tree = ast.parse(module.read_text())
+            names: dict[str, Path] = {}
+            for statement in tree.body:  # module-level names bound to a path, in order
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                    target = statement.targets[0]
+                    bound = _resolved(statement.value, module, package_dirs, names)
+                    if isinstance(target, ast.Name) and bound is not None:
+                        names[target.id] = bound
+            for node in ast.walk(tree):
+                path = _resolved(node, module, package_dirs, names)
                 if path is not None and path != module and not path.is_dir():
                     found.add(Path(os.path.normpath(path)))
     return found
@@ -113,11 +124,12 @@ def _in_wheel(path: Path, dist: str) -> str:
 
 
 def test_the_scan_finds_what_the_runtime_opens_relative_to_itself() -> None:
-    """The scan below is not blind: it finds the Java source the state-file linking compiles
-    (``epochal.startup.statefiles.SOURCE``)."""
+    """The scan below is not blind: it finds the Java sources of the local file system the
+    runtime compiles (``epochal.startup.statefiles.SOURCES``)."""
     from epochal.startup import statefiles
 
-    assert Path(statefiles.SOURCE).resolve() in opened_at_run_time("core_runtime")
+    opened = opened_at_run_time("core_runtime")
+    assert {Path(source).resolve() for source in statefiles.SOURCES} <= opened
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
@@ -163,7 +175,7 @@ from epochal.startup import statefiles
 
 for module in (epochal, epochal_sdk, epochal_map, pyspark_epochal_map):
     assert module.__file__.startswith(sys.prefix), module.__file__
-assert os.path.isfile(statefiles.SOURCE), statefiles.SOURCE
+assert all(os.path.isfile(source) for source in statefiles.SOURCES), statefiles.SOURCES
 assert pyspark_epochal_map.DefaultSource.name() == "epochal.map"
 """
 

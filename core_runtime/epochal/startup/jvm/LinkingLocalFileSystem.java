@@ -3,7 +3,6 @@ package org.epochal.hadoop;
 import java.io.File;
 import java.io.IOException;
 import java.nio.file.Files;
-import org.apache.hadoop.fs.LocalFileSystem;
 import org.apache.hadoop.fs.Path;
 
 /**
@@ -21,9 +20,9 @@ import org.apache.hadoop.fs.Path;
  * nothing per byte: a restart no longer reads and writes the whole state.
  *
  * <p>Anything else (another file, a move, ends on different file systems, a link the file
- * system refuses) is copied as before.
+ * system refuses) is copied as {@link NioLocalFileSystem} copies it.
  */
-public class LinkingLocalFileSystem extends LocalFileSystem {
+public class LinkingLocalFileSystem extends NioLocalFileSystem {
 
   /** The only files linked: RocksDB's immutable table files. */
   static final String TABLE_FILE_SUFFIX = ".sst";
