@@ -131,6 +131,13 @@ def run_available_now(reader: Any, fmt: str, options: dict[str, str], checkpoint
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
+def mean_phases(progress: Sequence[Any]) -> dict[str, float]:
+    """Mean ms per batch of each of Spark's ``durationMs`` phases over the progress reports
+    ``progress`` (``triggerExecution``, their sum, left out); a phase a report lacks counts 0."""
+    names = sorted({k for p in progress for k in p["durationMs"]} - {"triggerExecution"})
+    return {k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in progress) for k in names}
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, linear between order statistics."""
     ordered = sorted(values)

@@ -74,6 +74,7 @@ from integration.bench.common import (
     bench_session,
     epochal_options,
     machine,
+    mean_phases,
     quantile,
     rotated,
     smoke_run,
@@ -242,11 +243,7 @@ class FastPath:
             [float(p["durationMs"]["triggerExecution"]) for p in progress],
             [int(p["numInputRows"]) for p in progress],
         )
-        measured = progress[run._measured()]
-        names = sorted({k for p in measured for k in p["durationMs"]} - {"triggerExecution"})
-        run.phases = {
-            k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in measured) for k in names
-        }
+        run.phases = mean_phases(progress[run._measured()])
         return run
 
     def _epochal_split(self, job: str, run: Run) -> dict[str, float]:

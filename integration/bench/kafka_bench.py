@@ -65,6 +65,7 @@ from integration.bench.common import (
     Result,
     bench_session,
     epochal_options,
+    mean_phases,
     quantile,
     rotated,
     run_available_now,
@@ -273,9 +274,8 @@ def run_query(
     progress = run_available_now(reader, writer_format, writer_options, checkpoint)
     rows = [int(p["numInputRows"]) for p in progress]
     batch_ms = [float(p["durationMs"]["triggerExecution"]) for p in progress]
-    names = sorted({k for p in progress for k in p["durationMs"]} - {"triggerExecution"})
     measured = progress[1:-1] if len(progress) >= 3 else progress  # as Run.measured_ms
-    phases = {k: statistics.mean(float(p["durationMs"].get(k, 0)) for p in measured) for k in names}
+    phases = mean_phases(measured)
     return Result(name, sum(rows), sum(batch_ms) / 1000, batch_ms, batch_rows=rows, phases=phases)
 
 

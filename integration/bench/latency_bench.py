@@ -63,6 +63,7 @@ from integration.bench.common import (
     bench_session,
     epochal_options,
     machine,
+    mean_phases,
     quantile,
     rotated,
     smoke_run,
@@ -109,6 +110,9 @@ class Run:
     """Records numbered below this were produced in the warm-up (not measured)."""
     seen: int = 0
     duplicates: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    """Mean ms per batch with data of Spark's ``durationMs`` phases (the query's first batch
+    left out: it pays the start)."""
 
     def figure(self, name: str) -> float:
         """``p50``, ``p99`` or ``max`` of the measured latencies (ms)."""
@@ -264,6 +268,8 @@ class Latency:
             arrivals.wait_for(run.produced, timeout=60 + 3 * trigger)
             if query.exception() is not None:
                 raise RuntimeError(f"{way}: {query.exception()}")
+            with_data = [p for p in query.recentProgress if p["numInputRows"] > 0]
+            run.phases = mean_phases(with_data[1:] or with_data)
         finally:
             if query is not None:
                 query.stop()
@@ -365,6 +371,13 @@ def report(runs: list[Run], triggers: list[float]) -> str:
             if label in TARGETS:
                 met = "  met" if statistics.median(values) <= TARGETS[label] else "  MISSED"
             lines.append(f"    {label + goal}\n        {spread(values)}{met}")
+        lines.append("  where the time goes, ms per batch with data (Spark's durationMs), mean:")
+        for way in WAYS:
+            mine = [r.phases for r in runs if r.trigger == trigger and r.way == way and r.phases]
+            if mine:
+                means = mean_phases([{"durationMs": p} for p in mine])
+                shown = ", ".join(f"{k} {v:.0f}" for k, v in means.items() if v >= 1)
+                lines.append(f"    {way:34} {shown}")
     return "\n".join(lines)
 
 
