@@ -17,8 +17,9 @@ import org.apache.hadoop.io.nativeio.NativeIO;
  * path's link status by running {@code readlink} and sets a new file's permissions by running
  * {@code chmod}. Spark writes each entry of a streaming query's offset and commit logs as a
  * temporary file (two {@code chmod}: the file and its checksum) renamed into place (eight
- * {@code readlink}: source, destination and parent, for the file and its checksum): twenty
- * processes per micro-batch on the driver, 20-30 ms of each batch on a 2-core machine.
+ * {@code readlink}: source, destination and parent, for the file and its checksum): about
+ * twenty processes per micro-batch on the driver, 50-80 ms of each batch (the offset and the
+ * commit log writes) on a 2-core machine, 1-2 ms each without them.
  *
  * <p>Here a path that is not a symbolic link gets its status as Hadoop gets it for one
  * ({@code readlink} printed nothing), and permissions are set with {@link
