@@ -50,7 +50,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal.base import files
 from epochal.startup.warmup import BATCHES_PER_START, WARMUP_QUERY_PREFIX
+from epochal.state.layout import FAULTS
 
 QUERY_STARTED = "QueryStartedEvent"
 QUERY_PROGRESS = "QueryProgressEvent"
@@ -305,9 +307,10 @@ def load_record(job_dir: str) -> Any:
 
 def fault_kills(job_dir: str) -> list[float]:
     """When the job's fired crash points killed something (their markers' ``at``)."""
-    directory = os.path.join(job_dir, "faults")
+    directory = f"{job_dir}/{FAULTS}"
     kills = []
-    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    for name in (n for n in names if files.TMP_MARKER not in n):
         path = os.path.join(directory, name)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError), open(path) as fh:
             kills.append(float(json.load(fh)["at"]))

@@ -103,7 +103,7 @@ def _rotate(
     job = Job.submit("rotation", "epochal.pipelines:copy", config)
     killed = job.join(600)
     assert killed.status == JobStatus.FAILED and "killed by signal" in str(killed.failure)
-    fired = FaultPlan.parse(KILL, f"{job.jobdir.path}/faults").fired()
+    fired = FaultPlan.parse(KILL, job.jobdir.layout.faults).fired()
     assert fired == [KILL], fired
     assert sink.in_doubt(), "the kill left no transaction of batch 2 prepared"
 

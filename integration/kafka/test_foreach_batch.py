@@ -111,7 +111,7 @@ def run_until_done(tmp_path: Path, spec: dict[str, Any], plan: str) -> tuple[lis
         if code == 0:
             break
         assert code == -signal.SIGKILL, f"the application failed ({code}):\n" + _tail(log)
-    return FaultPlan.parse(plan, f"{layout.path}/faults").fired(), starts
+    return FaultPlan.parse(plan, layout.faults).fired(), starts
 
 
 def _tail(path: Path) -> str:

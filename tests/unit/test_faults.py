@@ -106,6 +106,37 @@ def test_a_driver_fault_fires_once(tmp_path: Path) -> None:
     assert marker["pid"] > 0  # the process that fired it
 
 
+WATCHED_SCRIPT = """
+import os, sys
+from epochal.base.fault_plan import FaultPlan
+marker = os.path.join(sys.argv[2], sys.argv[3])
+synced = os.fsync
+def fsync(fd):
+    print("visible" if os.path.exists(marker) else "hidden", "while synced", flush=True)
+    synced(fd)
+os.fsync = fsync
+FaultPlan.parse(sys.argv[3], sys.argv[2]).reach("sink.after_commit", 3)
+"""
+
+
+def test_a_marker_appears_whole(tmp_path: Path) -> None:
+    """A reader that sees a fault's marker sees its pids: the marker's name appears only after
+    its content is on disk (a supervisor read an empty marker between create and write)."""
+    markers = tmp_path / "faults"
+    env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHED_SCRIPT, "", str(markers), "sink.after_commit@3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout.splitlines() == ["hidden while synced"]
+    assert json.loads((markers / "sink.after_commit@3").read_text())["pid"] > 0
+    assert os.listdir(markers) == ["sink.after_commit@3"]  # no temporary file left
+
+
 def test_an_executor_fault_outside_an_executor_kills_the_worker(tmp_path: Path) -> None:
     markers = tmp_path / "faults"
     done = reach_in_subprocess("sink.after_prepare@1", markers, "sink.after_prepare", 1)

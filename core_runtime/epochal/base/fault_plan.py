@@ -144,7 +144,7 @@ class FaultPlan:
                 with open(path) as fh:
                     info = json.load(fh)
             except (OSError, ValueError):
-                continue  # not fired (or its marker is being written: not by this run)
+                continue  # not fired
             if isinstance(info, dict) and info.get("token") == token:
                 return True
         return False
@@ -158,10 +158,6 @@ class FaultPlan:
             return True
         files.makedirs(self.marker_dir)
         path = os.path.join(self.marker_dir, self._marker(index, fault))
-        try:
-            fd = files.create(path, exclusive=True)
-        except FileExistsError:
-            return False
         info = {
             "pid": os.getpid(),
             "token": os.environ.get(RUN_TOKEN_ENV),
@@ -169,16 +165,17 @@ class FaultPlan:
             "batch": batch,
             "at": time.time(),
         }
-        os.write(fd, json.dumps(info).encode())
-        os.fsync(fd)
-        os.close(fd)
+        try:  # whole or absent: a reader never sees a marker without its pids
+            files.write_whole(path, json.dumps(info).encode(), exclusive=True)
+        except FileExistsError:
+            return False
         return True
 
     def fired(self) -> list[str]:
         """Labels of the faults that fired so far (in the order of the plan)."""
         if not self.marker_dir or not os.path.isdir(self.marker_dir):
             return []
-        names = set(os.listdir(self.marker_dir))
+        names = {n for n in os.listdir(self.marker_dir) if files.TMP_MARKER not in n}
         out = []
         for index, fault in enumerate(self.faults):
             if self._marker(index, fault) in names:

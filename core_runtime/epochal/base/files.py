@@ -4,7 +4,9 @@ sinks and data; see docs/how-to/deployment.md for who may write the snapshot dir
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 from typing import IO, Any
 
 DIR_MODE = 0o700
@@ -35,6 +37,32 @@ def create(path: str, *, exclusive: bool = False) -> int:
     ``exclusive``: fail with ``FileExistsError`` if it exists."""
     flags = os.O_CREAT | os.O_WRONLY | (os.O_EXCL if exclusive else os.O_TRUNC)
     return os.open(path, flags, FILE_MODE)
+
+
+TMP_MARKER = ".tmp-"
+"""In the name of a file :func:`write_whole` is still writing (listings skip those)."""
+
+
+def write_whole(path: str, data: bytes, *, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one,
+    never a part (a temporary file, synced, then renamed or linked into place).
+    ``exclusive``: fail with ``FileExistsError`` if ``path`` exists (the first writer wins;
+    a hard link, unlike a rename, does not replace)."""
+    tmp = f"{path}{TMP_MARKER}{uuid.uuid4().hex}"
+    with os.fdopen(create(tmp), "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
+            tmp = ""
+    finally:
+        if tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def open_private(path: str, mode: str = "w", **kwargs: Any) -> IO[Any]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.api import Job
+from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
 from epochal.ops.recovery import recoveries
 from epochal.startup.classdata import SHORT_LIVED_JVM_OPTIONS
@@ -188,12 +189,10 @@ def run(
     while job.status().status.value in ("SUBMITTED", "STARTING"):
         time.sleep(0.2)  # produce while the job runs, not before it started
     _wait_for_the_standby(job, say, STANDBY_WAIT_SECONDS)
-    marker_dir = os.path.join(job.jobdir.path, "faults")
-    planned = len([f for f in faults.split(",") if f.strip()])
+    plan = FaultPlan.parse(faults, job.jobdir.layout.faults)
 
     def pending() -> bool:
-        fired = os.listdir(marker_dir) if os.path.isdir(marker_dir) else []
-        return len(fired) < planned
+        return len(plan.fired()) < len(plan.faults)
 
     producer = threading.Thread(
         target=_produce,
@@ -219,7 +218,7 @@ def run(
     job.suspend()
     record = job.join(timeout=120)
     tally = _tally(path, produced[0])
-    fired = sorted(os.listdir(marker_dir)) if os.path.isdir(marker_dir) else []
+    fired = plan.fired()
     print("", flush=True)
     print("== epochal demo summary ==")
     print(f"job: {record.name} ({record.status.value.lower()}), runs: {record.run}")
@@ -229,7 +228,7 @@ def run(
     print(f"restarts: {record.restarts}")
     if durations:
         print(f"batch time: median {statistics.median(durations.values()) / 1000:.2f}s")
-    kills = [os.path.getmtime(os.path.join(marker_dir, name)) for name in fired]
+    kills = [float(plan.marker_info(label)["at"]) for label in fired]
     print("recoveries (kill → first committed batch, by phase, seconds):")
     for recovery in recoveries(record.runs, kills):
         print(f"  {recovery.describe()}")
@@ -248,7 +247,7 @@ def run(
         tally.lost == 0
         and tally.duplicates == 0
         and record.status == JobStatus.SUSPENDED
-        and len(fired) == len([f for f in faults.split(",") if f.strip()])
+        and len(fired) == len(plan.faults)
     )
     if record.status == JobStatus.FAILED:
         print(f"job failed: {record.failure}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from epochal.base.fault_plan import FaultPlan
 from epochal.base.processes import RUN_TOKEN_ENV
-from epochal.state.layout import JobLayout
+from epochal.state.layout import FAULTS, JobLayout
 from epochal.state.lease import session as session_lease
 from epochal.state.lease.fence import Fence, state_dir
 from epochal.state.lease.session import DriverJvm
@@ -74,7 +74,7 @@ class JobContext:
                 run=int(record["run"]),
                 lease_epoch=int(record["epoch"]),
                 incarnation=str(record.get("incarnation", "")),
-                faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/faults"),
+                faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/{FAULTS}"),
                 supervised=True,
             )
         opts = {k.lower(): v for k, v in (options or {}).items()}
@@ -92,7 +92,7 @@ class JobContext:
             opts.get("epochal.guarantee") or env.get(ENV_GUARANTEE) or "exactly-once"
         )
         faults_text = opts.get("epochal.faults") or env.get(ENV_FAULTS, "")
-        marker_dir = f"{directory}/faults" if directory else None
+        marker_dir = f"{directory}/{FAULTS}" if directory else None
         return cls(
             job=job,
             job_dir=directory,

@@ -49,7 +49,7 @@ from epochal_sdk.errors import FencedError
 MAGIC = b"EPS1 "
 """The first bytes of every entry file (format version 1)."""
 
-_TMP = ".tmp-"
+_TMP = files.TMP_MARKER
 
 
 class EntryExistsError(FileExistsError):
@@ -178,24 +178,10 @@ class SnapshotStore:
         if self.local:
             files.makedirs(parent)
             self.check_anchor()  # the makedirs must not have re-created a moved directory
-            tmp = f"{path}{_TMP}{uuid.uuid4().hex}"
-            with os.fdopen(files.create(tmp), "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
             try:
-                if exclusive:
-                    try:
-                        os.link(tmp, path)  # fails if the entry exists: first writer wins
-                    except FileExistsError:
-                        raise EntryExistsError(path) from None
-                else:
-                    os.replace(tmp, path)
-                    tmp = ""
-            finally:
-                if tmp:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
+                files.write_whole(path, data, exclusive=exclusive)
+            except FileExistsError:
+                raise EntryExistsError(path) from None
             return
         self.fs.create_dir(parent, recursive=True)
         if exclusive and self._exists(path):

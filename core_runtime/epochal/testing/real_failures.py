@@ -43,7 +43,7 @@ class RealFailures:
         self.temp_dir = temp_dir
         """The supervisors' ``TMPDIR`` (their drivers' scratch directories go there)."""
         self.random = random.Random(seed)
-        self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+        self.plan = FaultPlan.parse(scenario.plan, jobdir.layout.faults)
         self.supervisors: list[subprocess.Popen[str]] = []
 
     def run(self, notes: list[str]) -> JobRecord:

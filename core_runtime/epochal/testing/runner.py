@@ -98,7 +98,7 @@ def run_case(
             record.failure = (
                 f"{record.failure}\nsupervisor: {lines}\n{driver_log_tail(jobdir.logs)}"
             )
-    plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+    plan = FaultPlan.parse(scenario.plan, jobdir.layout.faults)
     fired = plan.fired()
     fired_batches = {label: plan.marker_info(label).get("batch") for label in fired}
     committed = sink.committed(scenario.mode)

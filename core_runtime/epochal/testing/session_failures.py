@@ -62,7 +62,7 @@ class SessionFailures:
         self.temp_dir = temp_dir
         """The applications' ``TMPDIR`` (their JVMs' temporary directory follows it)."""
         self.random = random.Random(seed)
-        self.plan = FaultPlan.parse(scenario.plan, f"{jobdir.path}/faults")
+        self.plan = FaultPlan.parse(scenario.plan, jobdir.layout.faults)
         self.checkpoint = f"{jobdir.path}-checkpoint"
         job = {
             "epochal.job": jobdir.name,
