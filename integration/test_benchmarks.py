@@ -93,6 +93,16 @@ def test_kafka_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(900)
+def test_flink_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
+    """Both ways (epochal in a SparkSession, PyFlink's SQL job in its own process) copy the
+    same topic exactly-once; the reader finds every record once in each output."""
+    output = run_bench("flink_bench", tmp_path, kafka_env(kafka_server))
+    assert "every output holds every record once" in output, output
+    assert re.search(r"PyFlink exactly-once +\d+ ", output), output
+    ratios(output, "epochal exactly-once / PyFlink exactly-once")
+
+
+@pytest.mark.timeout(900)
 def test_kafka_jdbc_bench(
     kafka_server: KafkaServer, postgres_db: PostgresDatabase, tmp_path: Path
 ) -> None:

@@ -228,6 +228,7 @@ def write_plot(
     ratios: dict[str, list[float]] | None = None,
     targets: dict[str, float] | None = None,
     rate_label: str = "records/s per round",
+    latency_label: str = "ms per batch",
     differences: dict[str, list[float]] | None = None,
 ) -> str | None:
     """A PNG: each variant's per-round throughput (box and points), its per-batch latency
@@ -248,7 +249,7 @@ def write_plot(
     jitter = random.Random(1)
     for axis, data, label in (
         (axes[0], rates, rate_label),
-        (axes[1], latencies, "ms per batch"),
+        (axes[1], latencies, latency_label),
     ):
         series = [data.get(n, []) for n in names]
         axis.boxplot(series, showfliers=False, widths=0.5)
@@ -260,7 +261,7 @@ def write_plot(
         axis.set_ylim(bottom=0)
         axis.grid(axis="y", alpha=0.3)
     axes[0].set_title("throughput (one point per round)")
-    axes[1].set_title("latency (one point per measured batch)")
+    axes[1].set_title(f"latency (one point per {latency_label.removeprefix('ms per ')})")
     panel = 2
     for figures, ylabel, heading, corner in (
         (ratios, "ratio of throughputs (dashed: target)", "ratios per round", "lower left"),

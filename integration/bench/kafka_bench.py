@@ -332,6 +332,13 @@ class Bench:
         if name in self.topics:
             self.topics.remove(name)
 
+    def close(self) -> None:
+        """Stop the session and delete the topics left."""
+        if self.spark is not None:
+            self.spark.stop()
+        for name in list(self.topics):
+            self.drop_topic(name)
+
     def start_spark(self) -> None:
         """One SparkSession for every Spark variant."""
         conf = {"spark.sql.streaming.metricsEnabled": "false"}
@@ -353,16 +360,21 @@ class Bench:
         out = self.new_topic()
         if variant == LOOP:
             result = plain_loop(self.bootstrap, source, out, records, limit)
-        elif variant == BUILTIN:
-            result = self._builtin(source, out, limit, turn)
         else:
-            result = self._epochal(variant, source, out, limit, turn)
+            result = self.query(variant, source, out, limit, turn)
         run = Run(variant, -1, result.batch_ms, result.batch_rows or [], result.phases or {})
         run.output = count_output(self.bootstrap, out)
         if variant == EXACTLY_ONCE:
             run.kept = kept_producers(f"{self.workdir}/snap/bench-transactional-{turn}")
         self.drop_topic(out)
         return run
+
+    def query(self, variant: str, source: str, out: str, limit: int, turn: str) -> Result:
+        """One available-now query of a Spark ``variant`` (epochal's or Spark's connector)
+        from topic ``source`` into topic ``out``, ``limit`` records per batch."""
+        if variant == BUILTIN:
+            return self._builtin(source, out, limit, turn)
+        return self._epochal(variant, source, out, limit, turn)
 
     def _epochal(self, variant: str, source: str, out: str, limit: int, turn: str) -> Result:
         mode, guarantee = (
@@ -627,10 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         if bench is not None:
-            if bench.spark is not None:
-                bench.spark.stop()
-            for name in list(bench.topics):
-                bench.drop_topic(name)
+            bench.close()
         server.backend.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
