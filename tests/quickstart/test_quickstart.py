@@ -99,9 +99,9 @@ def user_env(path: str) -> dict[str, str]:
         if k not in FOREIGN_ENV and not k.startswith(FOREIGN_PREFIXES)
     }
     env["PATH"] = path
-    # pip compiles every module it installs (pyspark, pandas, pyarrow: thousands of files,
-    # 20-40 CPU seconds a fresh environment); Python compiles what is imported anyway, so
-    # the commands under test do the same with or without it
+    # pip compiles every module it installs (pyspark, pandas, pyarrow: thousands of files);
+    # Python compiles what is imported anyway and keeps it (scripts/test.sh lets it write its
+    # bytecode caches), so the commands under test do the same with or without it
     env["PIP_COMPILE"] = "0"
     return env
 

@@ -34,7 +34,17 @@ STEP_TIMEOUT = 300.0
 """Seconds a step may take before its process is killed and the check fails (a step talks
 to a real server, on a loaded 2-core machine)."""
 
-_PRELOAD = ["epochal.testing.crashing", "epochal.protocols.acking", "epochal.protocols.keys"]
+_PRELOAD = [
+    "epochal.testing.crashing",
+    "epochal.protocols.acking",
+    "epochal.protocols.keys",
+    "epochal.testing.contract_checks",
+    "pyarrow",
+    "pandas",
+]
+"""What the forkserver imports once, so that no step imports it again: the contract checks'
+steps and pyarrow with pandas (``RecordBatch.from_pylist`` imports pandas on first use: 0.3-0.9
+CPU s in every child otherwise). A module that is not installed is skipped."""
 _lock = threading.Lock()
 _context: Any = None
 
