@@ -54,11 +54,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -86,6 +83,7 @@ from integration.bench.kafka_bench import (
     PARTITIONS,
     VALUE_BYTES,
     Bench,
+    bench_place,
     count_output,
     produce_input,
     spark_kafka_jars,
@@ -437,19 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.batch < 1:
         parser.error("--rounds and --batch must be at least 1")
 
-    from integration.harness.kafka import start_kafka
-    from integration.harness.postgres import start_postgres
-
     jars = spark_kafka_jars()
-    kafka_server = start_kafka()
-    external_dsn = os.environ.get("EPOCHAL_POSTGRES_DSN")
-    postgres = None if external_dsn else start_postgres()
-    dsn = external_dsn or postgres.dsn  # type: ignore[union-attr]
-    workdir = tempfile.mkdtemp(prefix="epochal-fastpath-bench-")
     records = args.batches * args.batch
-    kafka = Bench(kafka_server, "", records, args.batch, workdir, jars)
-    bench: FastPath | None = None
-    try:
+    with bench_place("fastpath", postgres=True) as place:
+        kafka_server, dsn = place.kafka, str(place.dsn)
+        kafka = Bench(kafka_server, "", records, args.batch, place.workdir, jars)
+        place.stack.callback(kafka.close)
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]
             fsync = conn.execute("SHOW fsync").fetchone()[0]
@@ -464,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
         bench = FastPath(kafka, dsn, jars)
+        place.stack.callback(bench.spark.stop)
         for way in () if args.smoke else WAYS:  # a warm-up round, not measured (the JIT)
             bench.run(way, "warm", source, records, args.batch)
         runs = bench.rounds(
@@ -484,15 +476,6 @@ def main(argv: list[str] | None = None) -> int:
         print(problem or f"plot: {args.plot}")
         if args.json:
             write_runs(args.json, args, runs)
-    finally:
-        if bench is not None:
-            bench.spark.stop()
-        for name in list(kafka.topics):
-            kafka.drop_topic(name)
-        kafka_server.backend.close()
-        if postgres is not None:
-            postgres.backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

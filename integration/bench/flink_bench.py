@@ -45,7 +45,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -72,6 +71,7 @@ from integration.bench.kafka_bench import (
     PARTITIONS,
     VALUE_BYTES,
     Bench,
+    bench_place,
     produce_input,
 )
 
@@ -376,20 +376,17 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.records, args.batch, args.checkpoint_ms = 1, 6_000, 2_000, 200
         smoke_run()
 
-    from integration.harness.kafka import start_kafka
-
     python, jar = pyflink_python(), flink_kafka_jar()
-    server = start_kafka()
-    workdir = tempfile.mkdtemp(prefix="epochal-flink-bench-")
-    bench: Bench | None = None
-    try:
+    with bench_place("flink") as place:
+        server = place.kafka
         print(f"machine: {machine()}")
         print(f"broker: Kafka {server.version} at {server.bootstrap_servers}")
         print(
             f"peer: apache-flink {PYFLINK_VERSION}, flink-sql-connector-kafka "
             f"{FLINK_KAFKA_CONNECTOR}"
         )
-        bench = Bench(server, "", args.records, args.batch, workdir, [])
+        bench = Bench(server, "", args.records, args.batch, place.workdir, [])
+        place.stack.callback(bench.close)
         source = bench.new_topic()
         produce_input(server.bootstrap_servers, source, args.records)
         print(
@@ -431,11 +428,6 @@ def main(argv: list[str] | None = None) -> int:
         print(problem or f"plot: {args.plot}")
         if args.json:
             write_runs(args.json, args, runs, ratio=asdict(spread(ratios[RATIO])))
-    finally:
-        if bench is not None:
-            bench.close()
-        server.backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -41,6 +41,7 @@ CI); without it the table is still printed. The defaults take about 15 minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -50,7 +51,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -575,6 +576,42 @@ def machine() -> str:
     )
 
 
+@dataclass
+class BenchPlace:
+    """What a benchmark command runs on (:func:`bench_place`): the Kafka broker, PostgreSQL's
+    DSN (None unless asked for), a temporary work directory, and the stack on which the command
+    registers what it opens there (closed first, newest first)."""
+
+    kafka: Any
+    dsn: str | None
+    workdir: str
+    stack: contextlib.ExitStack
+
+
+@contextlib.contextmanager
+def bench_place(name: str, postgres: bool = False) -> Iterator[BenchPlace]:
+    """The servers and work directory of one benchmark command: a Kafka broker from the
+    harness, PostgreSQL when ``postgres`` (the harness's, or the server at
+    ``EPOCHAL_POSTGRES_DSN``) and a temporary directory. On the way out, whatever the command
+    registered on ``stack`` (a session to stop, topics to delete) closes first, then the
+    servers stop and the directory goes, whether the command ended or failed."""
+    from integration.harness.kafka import start_kafka
+
+    with contextlib.ExitStack() as stack:
+        kafka = start_kafka()
+        stack.callback(kafka.backend.close)
+        dsn = os.environ.get("EPOCHAL_POSTGRES_DSN") if postgres else None
+        if postgres and not dsn:
+            from integration.harness.postgres import start_postgres
+
+            server = start_postgres()
+            stack.callback(server.backend.close)
+            dsn = server.dsn
+        workdir = tempfile.mkdtemp(prefix=f"epochal-{name}-bench-")
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        yield BenchPlace(kafka, dsn, workdir, stack)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table, write the plot (and the raw figures)."""
     parser = argparse.ArgumentParser(prog="python -m integration.bench.kafka_bench")
@@ -592,22 +629,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 3:
         parser.error("--batches must be at least 3 (a query's first and last are not measured)")
 
-    from integration.harness.kafka import start_kafka
-
     jars: list[str] = []
     if not args.no_builtin:
         try:
             jars = spark_kafka_jars()
         except Exception as exc:  # report, run the rest
             print(f"spark built-in skipped: jars not fetched: {exc}")
-    server = start_kafka()
-    workdir = tempfile.mkdtemp(prefix="epochal-kafka-bench-")
     records = args.batches * args.batch
-    bench: Bench | None = None
-    try:
+    with bench_place("kafka") as place:
+        server = place.kafka
         print(f"machine: {machine()}")
         print(f"broker: Kafka {server.version} at {server.bootstrap_servers}")
-        bench = Bench(server, "", records, args.batch, workdir, jars)
+        bench = Bench(server, "", records, args.batch, place.workdir, jars)
+        place.stack.callback(bench.close)
         bench.source = bench.new_topic()
         started = time.perf_counter()
         produce_input(server.bootstrap_servers, bench.source, records)
@@ -637,11 +671,6 @@ def main(argv: list[str] | None = None) -> int:
             write_runs(
                 args.json, args, runs, ratios={k: asdict(v) for k, v in summary.ratios.items()}
             )
-    finally:
-        if bench is not None:
-            bench.close()
-        server.backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

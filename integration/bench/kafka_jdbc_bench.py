@@ -30,11 +30,8 @@ harness (or ``EPOCHAL_KAFKA_BOOTSTRAP`` / ``EPOCHAL_POSTGRES_DSN``).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -57,6 +54,7 @@ from integration.bench.kafka_bench import (
     VALUE_BYTES,
     Bench,
     Run,
+    bench_place,
     epochal_kafka_reader,
     produce_input,
     run_query,
@@ -182,18 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.batch < 1:
         parser.error("--rounds and --batch must be at least 1")
 
-    from integration.harness.kafka import start_kafka
-    from integration.harness.postgres import start_postgres
-
-    kafka_server = start_kafka()
-    external_dsn = os.environ.get("EPOCHAL_POSTGRES_DSN")
-    postgres = None if external_dsn else start_postgres()
-    dsn = external_dsn or postgres.dsn  # type: ignore[union-attr]
-    workdir = tempfile.mkdtemp(prefix="epochal-kafka-jdbc-bench-")
     records = args.batches * args.batch
-    kafka = Bench(kafka_server, "", records, args.batch, workdir, [])
-    bench: KafkaToPostgres | None = None
-    try:
+    with bench_place("kafka-jdbc", postgres=True) as place:
+        kafka_server, dsn = place.kafka, str(place.dsn)
+        kafka = Bench(kafka_server, "", records, args.batch, place.workdir, [])
+        place.stack.callback(kafka.close)
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]
             fsync = conn.execute("SHOW fsync").fetchone()[0]
@@ -208,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
         bench = KafkaToPostgres(kafka, dsn)
+        place.stack.callback(bench.spark.stop)
         if not args.smoke:
             small = kafka.new_topic()
             produce_input(kafka.bootstrap, small, 6_000)
@@ -229,15 +221,6 @@ def main(argv: list[str] | None = None) -> int:
             targets=TARGETS,
         )
         print(problem or f"plot: {args.plot}")
-    finally:
-        if bench is not None:
-            bench.spark.stop()
-        for name in list(kafka.topics):
-            kafka.drop_topic(name)
-        kafka_server.backend.close()
-        if postgres is not None:
-            postgres.backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -46,10 +46,8 @@ works, not a measurement.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -74,6 +72,7 @@ from integration.bench.kafka_bench import (
     PARTITIONS,
     VALUE_BYTES,
     Bench,
+    bench_place,
     epochal_kafka_reader,
     spark_kafka_jars,
 )
@@ -469,14 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.rate < 1 or args.seconds <= 0 or args.warmup < 0:
         parser.error("--rounds, --rate and --seconds must be positive, --warmup 0 or more")
 
-    from integration.harness.kafka import start_kafka
-
     jars = spark_kafka_jars()
-    server = start_kafka()
-    workdir = tempfile.mkdtemp(prefix="epochal-latency-bench-")
-    kafka = Bench(server, "", 0, 0, workdir, jars)
-    bench: Latency | None = None
-    try:
+    with bench_place("latency") as place:
+        server = place.kafka
+        kafka = Bench(server, "", 0, 0, place.workdir, jars)
+        place.stack.callback(kafka.close)
         print(f"machine: {machine()}")
         print(f"broker: Kafka {server.version} at {server.bootstrap_servers}")
         print(
@@ -485,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(_trigger(t) for t in triggers)}; {args.rounds} rounds"
         )
         bench = Latency(kafka, jars)
+        place.stack.callback(bench.spark.stop)
         runs = bench.rounds(args, triggers, lambda line: print(line, flush=True))
         print(f"load at the end: {machine()}")
         print(report(runs, triggers))
@@ -498,13 +495,6 @@ def main(argv: list[str] | None = None) -> int:
         print(problem or f"plot: {args.plot}")
         if args.json:
             write_runs(args.json, args, runs)
-    finally:
-        if bench is not None:
-            bench.spark.stop()
-        for name in list(kafka.topics):
-            kafka.drop_topic(name)
-        server.backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
