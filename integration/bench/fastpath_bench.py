@@ -17,9 +17,11 @@ number), read by Spark's Kafka source (``format("kafka")``, ``read_committed``,
       in an exactly-once job, after ``repartition("key")``: the form that stays exactly-once
       across a driver crash in the middle of a batch (docs/explanation/guarantees.md: Spark's
       Kafka source does not give a replayed batch's records to the same Spark partitions);
-    * ``fast path, unrouted → epochal Kafka (ALO)``: the same sink without the routing, in an
-      at-least-once job (an exactly-once job is refused at its start in this form): what the
-      shuffle costs;
+    * ``fast path, in order → epochal Kafka (EO)``: the same sink and job without the
+      routing, the topic read with ``format("kafka-ordered")`` (:mod:`epochal.spark.ordered_kafka`:
+      Spark's Kafka source with every batch's partitions planned in one order, which keeps
+      this form exactly-once; ``format("kafka")`` unrouted is refused at the job's start):
+      beside the keyed form, what the shuffle costs;
     * ``Spark Kafka → Spark Kafka (ALO)``: Spark's own Kafka sink (at-least-once);
 * Kafka → PostgreSQL (columns ``id``, ``value``)
     * ``fast path → epochal JDBC 2PC (EO)``: epochal's JDBC sink, ``mode=transactional``, in an
@@ -65,6 +67,7 @@ from typing import Any
 import psycopg
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from epochal.spark import ordered_kafka
 from integration.bench.common import (
     SMOKE_HELP,
     MeasuredBatches,
@@ -89,21 +92,21 @@ from integration.bench.kafka_bench import (
     spark_kafka_jars,
 )
 
-UNROUTED_KAFKA = "fast path, unrouted → epochal Kafka (ALO)"
+ORDERED_KAFKA = "fast path, in order → epochal Kafka (EO)"
 EO_KAFKA_KEYED = "fast path, keyed → epochal Kafka (EO)"
 SPARK_KAFKA = "Spark Kafka → Spark Kafka (ALO)"
 EO_JDBC = "fast path → epochal JDBC 2PC (EO)"
 FOREACH_JDBC = "foreachBatch psycopg COPY (ALO)"
 FLOOR = "Python data source sink, writes nothing"
-WAYS = (EO_KAFKA_KEYED, UNROUTED_KAFKA, SPARK_KAFKA, EO_JDBC, FOREACH_JDBC, FLOOR)
+WAYS = (ORDERED_KAFKA, EO_KAFKA_KEYED, SPARK_KAFKA, EO_JDBC, FOREACH_JDBC, FLOOR)
 RATIOS = {
-    f"{EO_KAFKA_KEYED} / {SPARK_KAFKA}": (EO_KAFKA_KEYED, SPARK_KAFKA),
+    f"{ORDERED_KAFKA} / {SPARK_KAFKA}": (ORDERED_KAFKA, SPARK_KAFKA),
     f"{EO_JDBC} / {FOREACH_JDBC}": (EO_JDBC, FOREACH_JDBC),
-    f"{UNROUTED_KAFKA} / {SPARK_KAFKA}": (UNROUTED_KAFKA, SPARK_KAFKA),
+    f"{EO_KAFKA_KEYED} / {SPARK_KAFKA}": (EO_KAFKA_KEYED, SPARK_KAFKA),
     f"{FLOOR} / {SPARK_KAFKA}": (FLOOR, SPARK_KAFKA),
     f"{FLOOR} / {FOREACH_JDBC}": (FLOOR, FOREACH_JDBC),
 }
-TARGETS = {f"{EO_KAFKA_KEYED} / {SPARK_KAFKA}": 0.95, f"{EO_JDBC} / {FOREACH_JDBC}": 1.05}
+TARGETS = {f"{ORDERED_KAFKA} / {SPARK_KAFKA}": 0.95, f"{EO_JDBC} / {FOREACH_JDBC}": 1.05}
 """The targets: exactly-once through the fast path >= 0.95x Spark's own at-least-once pair
 for Kafka → Kafka, >= 1.05x the ``foreachBatch`` write for Kafka → PostgreSQL."""
 
@@ -135,14 +138,18 @@ class FastPath:
         self.spark = bench_session(
             "epochal-fastpath-bench",
             ["kafka", "jdbc"],
-            **{"spark.jars": ",".join(jars), "spark.sql.streaming.metricsEnabled": "false"},
+            **{
+                "spark.jars": ",".join([*jars, ordered_kafka.jar()]),
+                "spark.sql.streaming.metricsEnabled": "false",
+            },
         )
         self.spark.dataSource.register(Discard)
 
-    def reader(self, source: str, limit: int) -> Any:
-        """Spark's Kafka source over ``source``, at most ``limit`` records a batch."""
+    def reader(self, source: str, limit: int, fmt: str = "kafka") -> Any:
+        """Spark's Kafka source over ``source``, at most ``limit`` records a batch (read in
+        order when ``fmt`` is ``kafka-ordered``)."""
         return (
-            self.spark.readStream.format("kafka")
+            self.spark.readStream.format(fmt)
             .option("kafka.bootstrap.servers", self.kafka.bootstrap)
             .option("subscribe", source)
             .option("startingOffsets", "earliest")
@@ -160,7 +167,7 @@ class FastPath:
             run = self._measure(way, rows.writeStream.format(DISCARD), checkpoint)
             run.complete = sum(run.batch_rows) == records
             return run
-        if way in (EO_KAFKA_KEYED, UNROUTED_KAFKA, SPARK_KAFKA):
+        if way in (EO_KAFKA_KEYED, ORDERED_KAFKA, SPARK_KAFKA):
             out = self.kafka.new_topic()
             try:
                 run = self._to_kafka(way, job, source, out, limit, checkpoint)
@@ -181,15 +188,15 @@ class FastPath:
     def _to_kafka(
         self, way: str, job: str, source: str, out: str, limit: int, checkpoint: str
     ) -> Run:
-        rows = self.reader(source, limit).select("key", "value")
+        fmt = ordered_kafka.FORMAT if way == ORDERED_KAFKA else "kafka"
+        rows = self.reader(source, limit, fmt).select("key", "value")
         if way == EO_KAFKA_KEYED:
             rows = rows.repartition("key")
         writer = rows.writeStream.option("kafka.bootstrap.servers", self.kafka.bootstrap)
         writer = writer.option("topic", out)
         if way == SPARK_KAFKA:
             return self._measure(way, writer.format("kafka"), checkpoint)
-        guarantee = "at-least-once" if way == UNROUTED_KAFKA else "exactly-once"
-        common = epochal_options(f"{self.workdir}/snap", guarantee, job)
+        common = epochal_options(f"{self.workdir}/snap", "exactly-once", job)
         writer = writer.format("epochal.kafka").option("mode", "transactional").options(**common)
         run = self._measure(way, writer, checkpoint)
         run.split = self._epochal_split(job, run)

@@ -15,6 +15,7 @@ import pytest
 from epochal_kafka.testing import KafkaSourceUnderTest
 
 from epochal.pipelines import SOURCE_JARS_OPTION
+from epochal.spark import ordered_kafka
 from integration.bench.kafka_bench import spark_kafka_jars
 from integration.harness.kafka import KafkaServer
 
@@ -34,9 +35,13 @@ class SparkKafkaSourceUnderTest(KafkaSourceUnderTest):
         per_batch: int,
         jars: list[str],
         route_by_key: bool = False,
+        ordered_jar: str | None = None,
     ) -> None:
         super().__init__(bootstrap, topic, partitions)
-        self.per_batch, self.jars, self.route_by_key = per_batch, jars, route_by_key
+        self.per_batch, self.route_by_key = per_batch, route_by_key
+        self.jars = [*jars, ordered_jar] if ordered_jar else jars
+        if ordered_jar:
+            self.format = ordered_kafka.FORMAT
 
     def options(self) -> dict[str, str]:
         return {
@@ -60,11 +65,14 @@ def spark_kafka_source(
     jars: list[str],
     per_batch: int = 50,
     route_by_key: bool = False,
+    ordered_jar: str | None = None,
+    partitions: int = 3,
 ) -> SparkKafkaSourceUnderTest:
-    """A 3-partition ``topic`` of ``server`` as Spark's Kafka source under test (its rows
-    routed by key before the sink when ``route_by_key``)."""
+    """``topic`` of ``server`` (3 partitions unless said) as Spark's Kafka source under test
+    (its rows routed by key before the sink when ``route_by_key``; read as ``kafka-ordered``,
+    from the provider in ``ordered_jar``, when one is given)."""
     return SparkKafkaSourceUnderTest(
-        server.bootstrap_servers, topic, 3, per_batch, jars, route_by_key
+        server.bootstrap_servers, topic, partitions, per_batch, jars, route_by_key, ordered_jar
     )
 
 

@@ -22,6 +22,9 @@ Spark's Kafka connector to the running session (:data:`epochal.pipelines.SOURCE_
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -49,6 +52,8 @@ from integration.kafka.spark_kafka import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RECORDS = 100
 
@@ -187,3 +192,59 @@ def test_sparks_kafka_source_into_the_kafka_exactly_once_sink_with_rows_routed_b
     assert kafka_sink.in_doubt() == []
     job = Job(outcome.record.name, snapshots)
     _check_sparks_source_recorded(job, outcome.record, "kafka")
+
+
+def test_sparks_kafka_source_read_in_order_runs_exactly_once_straight_into_the_kafka_sink(
+    kafka_server: KafkaServer,
+    make_topic: Any,
+    kafka_jars: list[str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``format("kafka-ordered")`` (:mod:`epochal.spark.ordered_kafka`) → epochal's Kafka
+    sink, no routing: the whole driver is killed when the first task of batch 1 has committed
+    its Kafka transaction, and the replay from the offset log gives every Spark partition the
+    offset range it had. 0 lost, 0 duplicated, nothing left open, and the job records the
+    ordered source as exactly-once.
+
+    The mechanism's check (:mod:`integration.kafka.partition_order`, a plain session on a
+    topic of four partitions): with ``kafka-ordered`` every Spark partition of a replayed
+    batch reads the Kafka partition it read live; with Spark's own ``kafka`` (the provider
+    without its sort) they differ, which is what loses and repeats records here."""
+    from epochal.spark import ordered_kafka
+
+    fault = Fault("sink.after_prepare", 1, action="driver")
+    scenario = Scenario("copy", Guarantee.EXACTLY_ONCE, "transactional", (fault,))
+    ordered = spark_kafka_source(
+        kafka_server, make_topic(4), kafka_jars, 80, ordered_jar=ordered_kafka.jar(), partitions=4
+    )
+    sink = KafkaSinkUnderTest(kafka_server.bootstrap_servers, make_topic(2))
+    snapshots = str(tmp_path / "snapshots")
+    outcome = run_case(scenario, ordered, sink, snapshots, records=320, per_batch=80)
+    assert outcome.fired == [fault.label], str(outcome)
+    assert not outcome.lost and not outcome.duplicated, str(outcome)
+    assert sink.in_doubt() == []
+    assert outcome.record.effective_guarantee == "exactly-once"
+    recorded = _parts(Job(outcome.record.name, snapshots))["source:spark:kafka-ordered"]
+    assert recorded.guarantee == "exactly-once", recorded
+    assert "batches planned in order" in recorded.target["label"]
+
+    formats = (kafka_server.bootstrap_servers, ordered.topic, "kafka", ordered_kafka.FORMAT)
+    probe = subprocess.run(
+        [sys.executable, "-m", "integration.kafka.partition_order", *formats],
+        env={
+            **os.environ,
+            "EPOCHAL_PROBE_JARS": ",".join(ordered.jars),
+            "PYTHONPATH": str(ROOT),
+        },
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [json.loads(x) for x in probe.stdout.splitlines() if x.startswith("{")]
+    orders = {line["format"]: line for line in lines}
+    assert set(orders) == {"kafka", "kafka-ordered"}, probe.stderr[-3000:]
+    in_order = [[p, p] for p in range(4)]
+    assert orders["kafka-ordered"]["live"] == orders["kafka-ordered"]["replay"] == in_order
+    assert orders["kafka"]["live"] != orders["kafka"]["replay"], orders["kafka"]

@@ -1,21 +1,24 @@
 """The fast path into epochal's exactly-once sinks, proven by the conformance kit: Spark's own
 JVM Kafka source (``format("kafka")``, records never through a Python worker) into the JDBC
-two-phase-commit sink and into the Kafka exactly-once sink, with the real broker and the real
-PostgreSQL server.
+two-phase-commit sink and into the Kafka exactly-once sink, with the real broker and the
+real PostgreSQL server.
 
-For each sink, exactly-once: every crash point of the sink's two-phase commit (the process
-that performs the step killed there) and the whole driver killed after a batch; into the JDBC
-sink also the real failures, supervised (the supervisor killed and the job resumed from
-another process; the driver paused past its lease while another takes over, then resumed;
-random kills). 0 lost, 0 duplicated (counted by record ID through an independent reader),
-nothing left prepared. The plain-session failures are not run again here: the JDBC sink's
-own suite runs them (epochal's Kafka source), and how Spark's source replays a batch does not
-depend on who restarts the driver. Spark's source replays a batch from the offsets
-in its checkpoint; epochal's sink decides each batch once: together, exactly-once.
+Into the Kafka sink, Spark's source is read in order (``format("kafka-ordered")``, epochal's
+provider of Spark's Kafka source that plans every batch's partitions in one order), with no
+routing between. For each sink, exactly-once: every crash point of the sink's two-phase
+commit (the process that performs the step killed there) and the whole driver killed after a
+batch; into the JDBC sink also the real failures, supervised (the supervisor killed and the
+job resumed from another process; the driver paused past its lease while another takes over,
+then resumed; random kills). 0 lost, 0 duplicated (counted by record ID through an
+independent reader), nothing left prepared. The plain-session failures are not run again
+here: the JDBC sink's own suite runs them (epochal's Kafka source), and how Spark's source
+replays a batch does not depend on who restarts the driver. Spark's source replays a batch
+from the offsets in its checkpoint; epochal's sink decides each batch once: together,
+exactly-once.
 
-The topic holds aborted transactions that repeat IDs, so the source reads ``read_committed``.
-What the sinks' own suites check without Spark (their contract checks) and at-least-once are
-not run again here.
+The topic holds aborted transactions that repeat IDs, so the source reads
+``read_committed``. What the sinks' own suites check without Spark (their contract checks)
+and at-least-once are not run again here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 from epochal_jdbc.testing import JdbcSinkUnderTest
 from epochal_kafka.testing import KafkaSinkUnderTest
 
+from epochal.spark import ordered_kafka
 from epochal.testing import ConformanceSuite
 from epochal_sdk import Guarantee
 from integration.harness.kafka import KafkaServer
@@ -77,21 +81,38 @@ class TestSparkKafkaSourceIntoJdbc(_FromSparksKafkaSource):
 
 
 class TestSparkKafkaSourceIntoKafka(_FromSparksKafkaSource):
-    """Spark's Kafka source → rows routed by key (``repartition``) → Kafka topic (2
-    partitions), transactional: every crash point of the sink, and the whole driver after a
-    batch.
+    """Spark's Kafka source read in order (``format("kafka-ordered")``,
+    :mod:`epochal.spark.ordered_kafka`) → Kafka topic (2 partitions), transactional, no
+    routing: every crash point of the sink, and the whole driver after a batch.
 
     The sink commits each Spark partition's Kafka transaction in ``prepare`` and a replay skips
     the partitions whose marker is there, so a replay must give each Spark partition the rows
-    it had; Spark's Kafka source plans a replayed batch from its offset log, listing the
-    topic's partitions in another order than the live plan did, so without the routing the
-    job is refused (``test_spark_kafka_parts.py``). Not the real failures (random kills of the
-    whole driver): the JDBC class runs them; a driver kill after the first task committed,
-    with the rows routed, is ``test_spark_kafka_parts.py``'s."""
+    it had. Spark's own ``format("kafka")`` plans a replayed batch from its offset log,
+    listing the topic's partitions in another order than the live plan did, so straight into
+    this sink it is refused; the ordered provider plans both in one order
+    (``test_spark_kafka_parts.py`` kills the whole driver after the first task of a batch
+    committed, with the provider and with its sort left out, and with the rows routed by key
+    instead). Not the real failures (random kills of the whole driver): the JDBC class runs
+    them."""
 
-    sink_connector = "kafka (from spark:kafka)"
+    sink_connector = "kafka (from spark:kafka-ordered)"
+    source_connector = "spark:kafka-ordered"
     real_failures = False
-    route_by_key = True
+
+    @pytest.fixture
+    def epochal_source(
+        self,
+        kafka_server: KafkaServer,
+        make_topic: Any,
+        kafka_jars: list[str],  # noqa: F811
+    ) -> SparkKafkaSourceUnderTest:
+        return spark_kafka_source(
+            kafka_server,
+            make_topic(3),
+            kafka_jars,
+            self.records_per_batch,
+            ordered_jar=ordered_kafka.jar(),
+        )
 
     @pytest.fixture
     def epochal_sink(self, kafka_sink: KafkaSinkUnderTest) -> KafkaSinkUnderTest:

@@ -28,6 +28,7 @@ from epochal.parts.spark_plan import (
     read_plan_sources,
     read_query,
 )
+from epochal.spark import ordered_kafka
 from epochal_sdk import ConfigError, Guarantee
 from epochal_sdk.errors import GuaranteeError
 
@@ -66,7 +67,8 @@ def spark() -> Iterator[Any]:
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
     if KAFKA_JARS:
-        builder = builder.config("spark.jars", ",".join(KAFKA_JARS))
+        jars = [*KAFKA_JARS, ordered_kafka.jar()]
+        builder = builder.config("spark.jars", ",".join(jars))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session
@@ -229,6 +231,7 @@ def test_kafka_source_into_a_sink_that_settles_each_partition_needs_rows_routed_
         assert "settles each Spark partition on its own" in source.why
         message = _refusal(plan.parts)
         assert "source 'kafka'" in message and "route the rows by key" in message
+        assert "format('kafka-ordered')" in message
     for writer in (
         into_map(rows.repartition("key"), "idempotent"),
         into_map(
@@ -242,6 +245,35 @@ def test_kafka_source_into_a_sink_that_settles_each_partition_needs_rows_routed_
         assert judge(plan.parts, EXACTLY_ONCE, allow_downgrade=False).effective is EXACTLY_ONCE
     round_robin = read_query(into_map(rows.repartition(4), "idempotent"))
     assert _only(round_robin.sources).guarantee is AT_LEAST_ONCE
+
+
+@pytest.mark.skipif(not KAFKA_JARS, reason=NO_KAFKA or "no Kafka jars")
+def test_kafka_source_read_in_order_keeps_exactly_once_into_a_sink_that_settles_each_partition(
+    spark: Any,
+) -> None:
+    """``format("kafka-ordered")`` (:mod:`epochal.spark.ordered_kafka`) plans every batch's
+    partitions in one order: straight into epochal's Kafka sink, it stays exactly-once."""
+    rows = (
+        spark.readStream.format(ordered_kafka.FORMAT)
+        .option("kafka.bootstrap.servers", "localhost:1")  # nothing listens: not contacted
+        .option("subscribe", "events")
+        .load()
+        .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value")
+    )
+    plan = read_query(
+        rows.writeStream.format("epochal.kafka")
+        .option("kafka.bootstrap.servers", "localhost:1")
+        .option("topic", "out")
+    )
+    source = _only(plan.sources)
+    assert (source.format, source.origin, source.guarantee, source.moves_rows_on_replay) == (
+        "kafka-ordered",
+        Origin.SPARK,
+        EXACTLY_ONCE,
+        False,
+    )
+    assert source.label == "Spark's Kafka source (topics: events, batches planned in order)"
+    assert judge(plan.parts, EXACTLY_ONCE, allow_downgrade=False).effective is EXACTLY_ONCE
 
 
 def test_kafka_sink_is_at_least_once_by_name(spark: Any) -> None:

@@ -72,6 +72,9 @@ class Capability:
     moves_rows_on_replay: bool = False
 
 
+ORDERED_KAFKA_FORMAT = "kafka-ordered"
+"""Spark's Kafka source with every batch planned in one order
+(:mod:`epochal.spark.ordered_kafka`)."""
 _REPLAYABLE = Guarantee.EXACTLY_ONCE
 SPARK_PARTS: Mapping[tuple[Role, str], Capability] = MappingProxyType(
     {
@@ -80,6 +83,12 @@ SPARK_PARTS: Mapping[tuple[Role, str], Capability] = MappingProxyType(
             "replayable: Spark keeps each batch's offsets in its checkpoint and reads the "
             "same offsets again after a failure, while the topic's retention keeps them",
             moves_rows_on_replay=True,
+        ),
+        (Role.SOURCE, ORDERED_KAFKA_FORMAT): Capability(
+            _REPLAYABLE,
+            "replayable: Spark's Kafka source, whose batches epochal's provider plans in one "
+            "order (by topic, partition and offset), so a replayed batch gives every Spark "
+            "partition the records it had",
         ),
         (Role.SOURCE, "file"): Capability(
             _REPLAYABLE,

@@ -18,6 +18,7 @@ from epochal.parts.spark_plan.capabilities import (
     EPOCHAL_FORMAT_PREFIX,
     FILE_FORMATS,
     IDEMPOTENT_FOREACH_BATCH,
+    ORDERED_KAFKA_FORMAT,
     SPARK_PARTS,
     UNDECLARED_PYTHON,
     UNKNOWN_PART,
@@ -55,6 +56,7 @@ _STREAM_CLASS_FORMATS = (
     # (JVM class name prefix of a running source's stream, its format)
     ("org.apache.spark.sql.execution.streaming.runtime.MemoryStream", "memory"),
     ("org.apache.spark.sql.execution.streaming.runtime.FileStreamSource", "file"),
+    ("org.epochal.spark.OrderedKafkaProvider", ORDERED_KAFKA_FORMAT),
     ("org.apache.spark.sql.kafka010.Kafka", "kafka"),
     ("org.apache.spark.sql.execution.streaming.sources.RateStream", "rate"),
     ("org.apache.spark.sql.execution.streaming.sources.RatePerMicroBatch", "rate-micro-batch"),
@@ -257,6 +259,7 @@ def static_part(leaf: Any) -> PlanPart:
 
 _SPARK_NAMES = {
     "kafka": "Kafka",
+    ORDERED_KAFKA_FORMAT: "Kafka",
     "rate": "rate",
     "rate-micro-batch": "rate-micro-batch",
     "socket": "socket",
@@ -275,9 +278,12 @@ def _spark_label(role: Role, family: str, options: Mapping[str, str]) -> str:
     label = f"{owner} {_SPARK_NAMES.get(family, family)} {role.value}"
     lowered = {k.lower(): v for k, v in options.items()}
     detail = ""
-    if family == "kafka" and role is Role.SOURCE:
+    if family in ("kafka", ORDERED_KAFKA_FORMAT) and role is Role.SOURCE:
         topics = lowered.get("subscribe") or lowered.get("subscribepattern") or ""
-        detail = f"topics: {topics}" if topics else ""
+        detail = ", ".join(
+            ([f"topics: {topics}"] if topics else [])
+            + (["batches planned in order"] if family == ORDERED_KAFKA_FORMAT else [])
+        )
     elif family == "kafka":
         topic = lowered.get("topic")
         detail = f"topic: {topic}" if topic else "topic: each row's 'topic' column"

@@ -20,6 +20,7 @@ from epochal.parts.spark_plan.capabilities import (
     DECLARED_GUARANTEE,
     EPOCHAL_FORMAT_PREFIX,
     IDEMPOTENT_FOREACH_BATCH,
+    ORDERED_KAFKA_FORMAT,
     Origin,
     PlanPart,
     Role,
@@ -202,7 +203,8 @@ def _remedy(part: PlanPart, wanted: Guarantee) -> str:
         )
     if part.role is Role.SOURCE and part.moves_rows_on_replay:
         return (
-            "route the rows by key before the sink (.repartition(<column>) or a keyed aggregation)"
+            "route the rows by key before the sink (.repartition(<column>) or a keyed "
+            f"aggregation){_ORDERED_REMEDY.get(part.format.lower(), '')}"
         )
     if part.origin is Origin.PYTHON:
         return (
@@ -237,6 +239,7 @@ def settled_by_partition(
         "(Sink.settles_each_partition); route the rows by key before the sink "
         "(.repartition(<column>) or a keyed aggregation) to keep exactly-once"
     )
+    why += "".join(sorted({_ORDERED_REMEDY.get(p.format.lower(), "") for p in moving}))
     return tuple(
         dataclasses.replace(
             p,
@@ -247,6 +250,16 @@ def settled_by_partition(
         else p
         for p in sources
     )
+
+
+_ORDERED_REMEDY = {
+    "kafka": (
+        f", or read the topics with format('{ORDERED_KAFKA_FORMAT}') instead of "
+        "format('kafka'): Spark's Kafka source with every batch planned in one order "
+        "(epochal.spark.ordered_kafka.jar() on the driver's class path)"
+    )
+}
+"""What else keeps a source that moves rows on replay fit for such a sink, by format."""
 
 
 def _settles_each_partition(connector: str, options: Mapping[str, str]) -> bool:
