@@ -33,6 +33,7 @@ from epochal_kafka.testing import KafkaSinkUnderTest
 from epochal.base import processes
 from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
+from epochal.spark import ordered_kafka
 from epochal.spark.common import Part
 from epochal.spark.foreach_batch import ForeachBatchWriter, run_tasks
 from epochal.state.layout import JobLayout
@@ -172,14 +173,29 @@ def test_kafka_source_into_the_jdbc_2pc_sink(
     assert jdbc_case(tmp_path, source, epochal_jdbc_sink) == (0, 0, [])
 
 
+@pytest.mark.parametrize("form", ["read-in-order", "routed-by-key"])
 def test_kafka_source_into_the_kafka_sink(
-    tmp_path: Path, source: SparkKafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest
+    tmp_path: Path,
+    form: str,
+    kafka_server: KafkaServer,
+    make_topic: Any,
+    kafka_jars: list[str],  # noqa: F811
+    kafka_sink: KafkaSinkUnderTest,
 ) -> None:
-    fired, starts = run_until_done(tmp_path, copy_spec(source, kafka_sink, True), KILLS)
+    """The Kafka sink settles each Spark partition on its own, so Spark's Kafka source is
+    read in order (``format("kafka-ordered")``, no shuffle) or its rows routed by key."""
+    ordered_jar = ordered_kafka.jar() if form == "read-in-order" else None
+    source = spark_kafka_source(
+        kafka_server, make_topic(3), kafka_jars, PER_BATCH, ordered_jar=ordered_jar
+    )
+    source.produce(range(RECORDS))
+    spec = copy_spec(source, kafka_sink, route_by_key=ordered_jar is None)
+    fired, starts = run_until_done(tmp_path, spec, KILLS)
     assert fired == [k.strip() for k in KILLS.split(">")]
     lost, duplicated = counted(range(RECORDS), kafka_sink.committed("transactional"))
     in_doubt = kafka_sink.in_doubt()
-    print(f"kafka: {starts} starts, lost {lost}, duplicated {duplicated}, in doubt {in_doubt}")
+    print(f"kafka ({form}): {starts} starts, lost {lost}, duplicated {duplicated}")
+    print(f"kafka ({form}): in doubt {in_doubt}")
     assert (lost, duplicated, in_doubt) == (0, 0, [])
 
 
@@ -187,14 +203,16 @@ def test_kafka_source_straight_into_the_kafka_sink_is_refused_under_exactly_once
     tmp_path: Path, source: SparkKafkaSourceUnderTest, kafka_sink: KafkaSinkUnderTest
 ) -> None:
     """The writer judges Spark's sources of its query as the session check does: the Kafka
-    sink settles each Spark partition on its own, so Spark's Kafka source needs the rows
-    routed by key before it; without, the run is refused before it writes anything."""
+    sink settles each Spark partition on its own, so Spark's Kafka source (``format("kafka")``)
+    needs the rows routed by key before it, or to be read in order; without, the run is
+    refused before it writes anything."""
     code, log = start_app(
         tmp_path, job_spec(tmp_path, copy_spec(source, kafka_sink, False), ""), "0"
     )
     text = log.read_text()
     assert code == 1, _tail(log)
     assert "GuaranteeError" in text and "route the rows by key" in text, _tail(log)
+    assert "format('kafka-ordered')" in text, _tail(log)
     assert kafka_sink.committed("transactional") == []
 
 
