@@ -183,15 +183,19 @@ def test_kafka_source_into_the_kafka_sink(
     kafka_sink: KafkaSinkUnderTest,
 ) -> None:
     """The Kafka sink settles each Spark partition on its own, so Spark's Kafka source is
-    read in order (``format("kafka-ordered")``, no shuffle) or its rows routed by key."""
+    read in order (``format("kafka-ordered")``, no shuffle) or its rows routed by key. Read
+    in order, every kill of :data:`KILLS`; routed by key, the first only (an undecided batch
+    replayed: the one step where it matters which Spark partition a record is in; the later
+    ones test the sink's decision, the same in both forms)."""
     ordered_jar = ordered_kafka.jar() if form == "read-in-order" else None
     source = spark_kafka_source(
         kafka_server, make_topic(3), kafka_jars, PER_BATCH, ordered_jar=ordered_jar
     )
     source.produce(range(RECORDS))
     spec = copy_spec(source, kafka_sink, route_by_key=ordered_jar is None)
-    fired, starts = run_until_done(tmp_path, spec, KILLS)
-    assert fired == [k.strip() for k in KILLS.split(">")]
+    kills = KILLS if ordered_jar else KILLS.split(">")[0].strip()
+    fired, starts = run_until_done(tmp_path, spec, kills)
+    assert fired == [k.strip() for k in kills.split(">")]
     lost, duplicated = counted(range(RECORDS), kafka_sink.committed("transactional"))
     in_doubt = kafka_sink.in_doubt()
     print(f"kafka ({form}): {starts} starts, lost {lost}, duplicated {duplicated}")

@@ -1,5 +1,7 @@
 package org.epochal.spark;
 
+import java.io.InterruptedIOException;
+import java.io.UncheckedIOException;
 import java.lang.reflect.InvocationHandler;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
@@ -223,11 +225,26 @@ public class OrderedKafkaProvider implements TableProvider, DataSourceRegister {
     }
   }
 
+  /**
+   * {@code method} on {@code target}. What it throws is thrown as it is, except that an
+   * {@link InterruptedException} (Spark's Kafka source, written in Scala, throws it from
+   * methods that do not declare it: a query stopped while it asks the broker for offsets)
+   * becomes an {@link UncheckedIOException} of an {@link InterruptedIOException}: a proxy
+   * would wrap the undeclared exception in an {@code UndeclaredThrowableException}, which Spark
+   * does not see as an interruption, so a stopped query would end with an error; this one
+   * Spark unwraps and takes as the stop it is.
+   */
   private static Object call(Object target, Method method, Object[] args) throws Throwable {
     try {
       return method.invoke(target, args);
     } catch (InvocationTargetException e) {
-      throw e.getCause();
+      Throwable cause = e.getCause();
+      if (cause instanceof InterruptedException) {
+        InterruptedIOException interrupted = new InterruptedIOException(cause.getMessage());
+        interrupted.initCause(cause);
+        throw new UncheckedIOException(interrupted);
+      }
+      throw cause;
     }
   }
 }
