@@ -56,7 +56,8 @@ class _FromSparksKafkaSource(ConformanceSuite):
         False  # the JDBC sink's own suite runs them; the replay is Spark's either way
     )
     source_connector = "spark:kafka"
-    route_by_key = False
+    ordered_jar: str | None = None
+    """The ordered provider's jar: the source is read with ``format("kafka-ordered")``."""
 
     @pytest.fixture
     def epochal_source(
@@ -66,7 +67,11 @@ class _FromSparksKafkaSource(ConformanceSuite):
         kafka_jars: list[str],  # noqa: F811
     ) -> SparkKafkaSourceUnderTest:
         return spark_kafka_source(
-            kafka_server, make_topic(3), kafka_jars, self.records_per_batch, self.route_by_key
+            kafka_server,
+            make_topic(3),
+            kafka_jars,
+            self.records_per_batch,
+            ordered_jar=self.ordered_jar,
         )
 
 
@@ -91,28 +96,15 @@ class TestSparkKafkaSourceIntoKafka(_FromSparksKafkaSource):
     listing the topic's partitions in another order than the live plan did, so straight into
     this sink it is refused; the ordered provider plans both in one order
     (``test_spark_kafka_parts.py`` kills the whole driver after the first task of a batch
-    committed, with the provider and with its sort left out, and with the rows routed by key
-    instead). Not the real failures (random kills of the whole driver): the JDBC class runs
+    committed with the provider, and with the rows routed by key instead; and the order of a
+    replayed batch's partitions with the provider and with Spark's own). Not the real
+    failures (random kills of the whole driver): the JDBC class runs
     them."""
 
     sink_connector = "kafka (from spark:kafka-ordered)"
     source_connector = "spark:kafka-ordered"
     real_failures = False
-
-    @pytest.fixture
-    def epochal_source(
-        self,
-        kafka_server: KafkaServer,
-        make_topic: Any,
-        kafka_jars: list[str],  # noqa: F811
-    ) -> SparkKafkaSourceUnderTest:
-        return spark_kafka_source(
-            kafka_server,
-            make_topic(3),
-            kafka_jars,
-            self.records_per_batch,
-            ordered_jar=ordered_kafka.jar(),
-        )
+    ordered_jar = ordered_kafka.jar()
 
     @pytest.fixture
     def epochal_sink(self, kafka_sink: KafkaSinkUnderTest) -> KafkaSinkUnderTest:
