@@ -202,10 +202,7 @@ def _remedy(part: PlanPart, wanted: Guarantee) -> str:
             f".option('{IDEMPOTENT_FOREACH_BATCH}', 'true')"
         )
     if part.role is Role.SOURCE and part.moves_rows_on_replay:
-        return (
-            "route the rows by key before the sink (.repartition(<column>) or a keyed "
-            f"aggregation){_ORDERED_REMEDY.get(part.format.lower(), '')}"
-        )
+        return _keep_rows_in_place(part.format)
     if part.origin is Origin.PYTHON:
         return (
             f"declare the Python data source's guarantee, if it keeps {wanted.label}, with "
@@ -236,10 +233,9 @@ def settled_by_partition(
     why = (
         f"a replayed batch may give its records to other Spark partitions than its first "
         f"attempt did, and {sink.label}'s sink settles each Spark partition on its own "
-        "(Sink.settles_each_partition); route the rows by key before the sink "
-        "(.repartition(<column>) or a keyed aggregation) to keep exactly-once"
+        "(Sink.settles_each_partition); to keep exactly-once, "
+        + "; ".join(sorted({_keep_rows_in_place(p.format) for p in moving}))
     )
-    why += "".join(sorted({_ORDERED_REMEDY.get(p.format.lower(), "") for p in moving}))
     return tuple(
         dataclasses.replace(
             p,
@@ -252,7 +248,7 @@ def settled_by_partition(
     )
 
 
-_ORDERED_REMEDY = {
+_READ_IN_ORDER = {
     "kafka": (
         f", or read the topics with format('{ORDERED_KAFKA_FORMAT}') instead of "
         "format('kafka'): Spark's Kafka source with every batch planned in one order "
@@ -260,6 +256,15 @@ _ORDERED_REMEDY = {
     )
 }
 """What else keeps a source that moves rows on replay fit for such a sink, by format."""
+
+
+def _keep_rows_in_place(fmt: str) -> str:
+    """What keeps a replayed batch's rows in their Spark partitions after a source of format
+    ``fmt`` that moves them: routing by key, or the source's in-order form where it has one."""
+    return (
+        "route the rows by key before the sink (.repartition(<column>) or a keyed "
+        f"aggregation){_READ_IN_ORDER.get(fmt.lower(), '')}"
+    )
 
 
 def _settles_each_partition(connector: str, options: Mapping[str, str]) -> bool:
