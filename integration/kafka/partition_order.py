@@ -1,64 +1,130 @@
-"""Which Kafka partition each Spark partition of a batch reads, live and replayed: ``python -m
-integration.kafka.partition_order <bootstrap> <topic> <format> [<format> ...]`` prints, for
-each format, one JSON line ``{"format": ..., "live": [[spark partition, kafka partition],
-...], "replay": [...]}``.
+"""How a Kafka source format plans a micro-batch, and how its query ends when stopped while it
+asks the broker for offsets: ``python -m integration.kafka.partition_order <bootstrap> <topic>
+<partitions> <format> [<format> ...]`` prints one JSON line per format::
 
-Each format reads the whole topic from a new checkpoint in two batches
-(``maxOffsetsPerTrigger``), then reads again from the same checkpoint with the last batch's
-commit removed, so Spark replays that batch from its offset log; ``live`` is the last batch
-of the first run, ``replay`` the batch of the second. The caller puts the formats' jars in
-``spark.jars`` (``EPOCHAL_PROBE_JARS``, comma-separated).
+    {"format": ..., "planned": {"sorted": [...], "reversed": [...]}, "stopped": {...}}
+
+``planned`` gives, for the batch from offset 0 to ``END`` of each of the topic's partitions,
+the Kafka partition each Spark partition reads (index = Spark partition), once with the
+batch's end offsets listed by ascending partition (as Spark's offset log lists them, so a
+replayed batch) and once by descending partition (as a broker's answer may list them, so a
+batch planned live). The stream is the format's own, built as Spark builds it (provider →
+table → scan → micro-batch stream) and planned without running a task, so the listing order
+is the only thing that differs between the two plans.
+
+``stopped`` starts a query of the format whose broker never answers (a bound port that does
+not listen), waits until the query asks it for offsets, stops it and gives the query's
+``exception`` (``null`` for a clean stop) and whether it is still active.
+
+The caller puts the formats' jars in ``spark.jars`` (``EPOCHAL_PROBE_JARS``, comma-separated).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import socket
 import sys
 import tempfile
+import threading
 from typing import Any
 
+END = 10
+"""The end offset of every partition in the planned batch."""
 
-def _read(
-    spark: Any, fmt: str, bootstrap: str, topic: str, checkpoint: str, per_batch: int
-) -> list[list[list[int]]]:
-    """Each batch's ``(spark partition, kafka partition)`` pairs, of one run to the end."""
-    seen: list[list[list[int]]] = []
+ASK_TIMEOUT_MS = 2000
+"""How long the stopped query's broker calls wait for the silent broker before they retry
+(without end): Spark's Kafka source does not let a stop interrupt a call, it interrupts the
+query when the call gives up."""
 
-    def record(frame: Any, _batch: int) -> None:
-        rows = frame.selectExpr("spark_partition_id() AS task", "partition").distinct().collect()
-        seen.append(sorted([int(r.task), int(r.partition)] for r in rows))
+PROVIDERS = {
+    "kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+    "kafka-ordered": "org.epochal.spark.OrderedKafkaProvider",
+}
 
-    query = (
-        spark.readStream.format(fmt)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(per_batch))
-        .load()
-        .writeStream.foreachBatch(record)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
+
+def _offsets(topic: str, partitions: list[int], offset: int) -> str:
+    """A Kafka source offset as Spark's offset log writes it, partitions in the given order."""
+    return json.dumps({topic: {str(p): offset for p in partitions}})
+
+
+def _plan(spark: Any, fmt: str, bootstrap: str, topic: str, partitions: list[int]) -> dict:
+    """The Kafka partition each Spark partition reads, for end offsets listed each way."""
+    jvm = spark._jvm
+    options = jvm.java.util.HashMap()
+    for key, value in {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+    }.items():
+        options.put(key, value)
+    case_insensitive = jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap(options)
+    provider_class: Any = jvm
+    for name in PROVIDERS[fmt].split("."):
+        provider_class = getattr(provider_class, name)
+    provider = provider_class()
+    no_transforms = spark.sparkContext._gateway.new_array(
+        jvm.org.apache.spark.sql.connector.expressions.Transform, 0
     )
-    query.awaitTermination()
-    return seen
+    table = provider.getTable(provider.inferSchema(case_insensitive), no_transforms, options)
+    scan = table.newScanBuilder(case_insensitive).build()
+    with tempfile.TemporaryDirectory(prefix="epochal-order-") as checkpoint:
+        stream = scan.toMicroBatchStream(f"{checkpoint}/sources/0")
+        try:
+            start = stream.deserializeOffset(_offsets(topic, partitions, 0))
+            planned = {}
+            for name, listing in (("sorted", partitions), ("reversed", partitions[::-1])):
+                end = stream.deserializeOffset(_offsets(topic, listing, END))
+                planned[name] = [
+                    p.offsetRange().topicPartition().partition()
+                    for p in stream.planInputPartitions(start, end)
+                ]
+        finally:
+            stream.stop()
+    return planned
 
 
-def _forget_last_commit(checkpoint: str) -> None:
-    commits = glob.glob(f"{checkpoint}/commits/[0-9]*")
-    last = max(commits, key=lambda path: int(os.path.basename(path)))
-    os.remove(last)
-    crc = os.path.join(os.path.dirname(last), f".{os.path.basename(last)}.crc")
-    if os.path.exists(crc):
-        os.remove(crc)
+def _stopped_while_asking(spark: Any, fmt: str, topic: str) -> dict:
+    """Stop a query of ``fmt`` while it waits for a broker that never answers."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    try:
+        asked = threading.Event()
+        with tempfile.TemporaryDirectory(prefix="epochal-stop-") as checkpoint:
+            query = (
+                spark.readStream.format(fmt)
+                .option("kafka.bootstrap.servers", f"127.0.0.1:{silent.getsockname()[1]}")
+                .option("subscribe", topic)
+                .option("kafka.request.timeout.ms", str(ASK_TIMEOUT_MS))
+                .option("kafka.default.api.timeout.ms", str(ASK_TIMEOUT_MS))
+                .option("fetchOffset.numRetries", "1000")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .start()
+            )
+            while not asked.is_set():
+                message = str(query.status["message"])
+                if "Getting offsets" in message or not query.isActive:
+                    asked.set()
+                else:
+                    asked.wait(0.05)
+            was_asking = query.isActive
+            query.stop()
+            error = query.exception()
+            return {
+                "was_asking": was_asking,
+                "active": query.isActive,
+                "exception": None if error is None else str(error)[:2000],
+            }
+    finally:
+        silent.close()
 
 
 def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
-    bootstrap, topic, *formats = argv
+    bootstrap, topic, count, *formats = argv
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.jars", os.environ.get("EPOCHAL_PROBE_JARS", ""))
@@ -66,15 +132,14 @@ def main(argv: list[str]) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    partitions = list(range(int(count)))
     for fmt in formats:
-        with tempfile.TemporaryDirectory(prefix="epochal-order-") as checkpoint:
-            total = spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            records = total.option("subscribe", topic).load().count()
-            per_batch = max(1, records // 2)
-            live = _read(spark, fmt, bootstrap, topic, checkpoint, per_batch)[-1]
-            _forget_last_commit(checkpoint)
-            replay = _read(spark, fmt, bootstrap, topic, checkpoint, per_batch)[0]
-        print(json.dumps({"format": fmt, "live": live, "replay": replay}), flush=True)
+        line = {
+            "format": fmt,
+            "planned": _plan(spark, fmt, bootstrap, topic, partitions),
+            "stopped": _stopped_while_asking(spark, fmt, topic),
+        }
+        print(json.dumps(line), flush=True)
     spark.stop()
     return 0
 

@@ -6,9 +6,10 @@ import java.lang.reflect.InvocationHandler;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.lang.reflect.Proxy;
-import java.util.Arrays;
+import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.LinkedHashSet;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
@@ -156,14 +157,27 @@ public class OrderedKafkaProvider implements TableProvider, DataSourceRegister {
 
   /** The input partitions by topic, Kafka partition and first offset. */
   static Object inOrder(Object planned) {
-    InputPartition[] partitions = ((InputPartition[]) planned).clone();
-    Arrays.sort(
-        partitions,
-        Comparator.comparing((InputPartition p) -> range(p).topic)
-            .thenComparingInt(p -> range(p).partition)
-            .thenComparingLong(p -> range(p).fromOffset));
-    return partitions;
+    InputPartition[] partitions = (InputPartition[]) planned;
+    List<Placed> placed = new ArrayList<>(partitions.length);
+    for (InputPartition partition : partitions) {
+      placed.add(new Placed(range(partition), partition));
+    }
+    placed.sort(Comparator.comparing(Placed::range, BY_PLACE));
+    InputPartition[] ordered = new InputPartition[partitions.length];
+    for (int i = 0; i < ordered.length; i++) {
+      ordered[i] = placed.get(i).partition();
+    }
+    return ordered;
   }
+
+  /** An input partition with where it reads, read once. */
+  record Placed(Range range, InputPartition partition) {}
+
+  /** By topic, Kafka partition and first offset. */
+  static final Comparator<Range> BY_PLACE =
+      Comparator.comparing(Range::topic)
+          .thenComparingInt(Range::partition)
+          .thenComparingLong(Range::fromOffset);
 
   /** Where an input partition of Spark's Kafka source reads. */
   record Range(String topic, int partition, long fromOffset) {}
