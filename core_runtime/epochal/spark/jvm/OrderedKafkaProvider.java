@@ -31,7 +31,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * <p>Spark's Kafka source orders a batch's input partitions (the Spark partitions its tasks
  * read) as the map of the batch's end offsets iterates: a batch planned live takes that map
  * from the broker's answer, the same batch replayed after a failure takes it from the offset
- * log, and the two orders differ (for a topic of up to four partitions, nearly always). A
+ * log (by partition), and the two orders can differ (for a topic of up to four partitions, often). A
  * replayed batch then reads the same records, but Spark partition {@code i} holds another
  * Kafka partition's records than it did. A sink that commits each Spark partition on its own
  * (epochal's Kafka sink: one Kafka transaction per Spark partition, skipped on a replay when
