@@ -66,11 +66,17 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
-    if KAFKA_JARS:
-        jars = [*KAFKA_JARS, ordered_kafka.jar()]
+    jars = [*KAFKA_JARS, ordered_kafka.jar()] if KAFKA_JARS else []
+    if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    for jar in jars:
+        # the driver's class path is fixed when its JVM starts: a test that ran before this
+        # module in the same process (one xdist worker) may have started it without these
+        # jars, and then only ADD JAR (the route the Kafka docs give a running session) loads
+        # them; it is a no-op for a jar already there
+        session.sql(f"ADD JAR '{jar}'")
     yield session
     session.stop()
 
