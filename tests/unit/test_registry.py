@@ -53,6 +53,33 @@ def test_a_connector_is_loaded_without_importing_the_others() -> None:
     assert out.strip() == "['epochal_map', 'epochal_sdk']"
 
 
+def test_a_connector_is_loaded_from_the_entry_point_its_driver_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Python processes Spark starts for a query get the plugin's entry point value
+    from their driver (the data source class and each part carry it) and load the plugin
+    from it, for every later look-up too: searching the installed distributions' metadata
+    reads every entry of Python's path, Spark's core jar among them. A value that no longer
+    loads falls back to the search."""
+    from epochal.spark.datasource import data_source_class
+
+    value = registry.entry_point_value("map")
+    assert value.startswith("epochal_map"), value
+    assert data_source_class("map").connector_entry_point == value
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_GIVEN", {})
+
+    def no_search(**_: object) -> None:
+        raise AssertionError("the metadata was searched")
+
+    with monkeypatch.context() as searchless:
+        searchless.setattr(registry.importlib.metadata, "entry_points", no_search)
+        assert isinstance(registry.connector("map", value), MapConnector)
+        assert isinstance(registry.connector("map"), MapConnector)  # remembered
+    registry._installed_alone.cache_clear()
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_GIVEN", {})
+    assert isinstance(registry.connector("map", "epochal_map_gone:plugin"), MapConnector)
+
+
 def test_extra_plugins_take_the_full_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     """An EPOCHAL_PLUGINS module may register a connector of any name (even shadow an
     installed one's): then every plugin is loaded."""

@@ -86,6 +86,9 @@ class Part:
     part_id: str
     context: JobContext
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    entry_point: str = ""
+    """The connector plugin's entry point value as the driver found it ("": search for it);
+    see :func:`epochal.parts.registry.connector`."""
 
     @property
     def label(self) -> str:
@@ -139,11 +142,15 @@ class Part:
 
     def build_source(self, context: ConnectorContext | None = None) -> Any:
         """A fresh source object (with ``context``, else a driver-side one)."""
-        return registry.connector(self.connector).source(self.connector_options(context))
+        return registry.connector(self.connector, self.entry_point).source(
+            self.connector_options(context)
+        )
 
     def build_sink(self, context: ConnectorContext | None = None) -> Any:
         """A fresh sink object (with ``context``, else a driver-side one)."""
-        return registry.connector(self.connector).sink(self.connector_options(context))
+        return registry.connector(self.connector, self.entry_point).sink(
+            self.connector_options(context)
+        )
 
     def report(
         self, kind: str, batch: int | None, values: dict[str, float], *, task_side: bool = False

@@ -48,11 +48,15 @@ class EpochalDataSource(DataSource):
     and carries it, pickled, to the executors."""
 
     connector_name: ClassVar[str] = ""
+    connector_entry_point: ClassVar[str] = ""
+    """The connector plugin's entry point value as the driver found it: the class travels by
+    value to the Python processes Spark starts, which load the plugin from it
+    (:func:`epochal.parts.registry.connector`)."""
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.options: dict[str, str] = dict(options)
-        registry.connector(self.connector_name)  # installed, and loads (else: why not)
+        registry.connector(self.connector_name, self.connector_entry_point)  # loads, or why not
         registry.check_runtime_options(self.options)  # before any epochal.* option is used
         self.context = JobContext.current(self.options)
 
@@ -66,6 +70,7 @@ class EpochalDataSource(DataSource):
             self.options,
             registry.part_id(self.connector_name, self.options),
             self.context,
+            entry_point=self.connector_entry_point,
         )
 
     def schema(self) -> str:
@@ -269,7 +274,8 @@ def _planning_worker() -> bool:
 @functools.cache
 def data_source_class(name: str) -> type[EpochalDataSource]:
     """The data source class of connector ``name``."""
-    return type(f"EpochalDataSource_{name}", (EpochalDataSource,), {"connector_name": name})
+    attributes = {"connector_name": name, "connector_entry_point": registry.entry_point_value(name)}
+    return type(f"EpochalDataSource_{name}", (EpochalDataSource,), attributes)
 
 
 def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
