@@ -26,7 +26,7 @@ import os
 import socket
 import sys
 import tempfile
-import threading
+import time
 from typing import Any
 
 END = 10
@@ -36,6 +36,9 @@ ASK_TIMEOUT_MS = 2000
 """How long the stopped query's broker calls wait for the silent broker before they retry
 (without end): Spark's Kafka source does not let a stop interrupt a call, it interrupts the
 query when the call gives up."""
+ASKING_DEADLINE_S = 120
+"""How long the stop check waits for the query to start asking the silent broker (seconds
+here; the test's limit on the whole probe is longer, so this one names what hung)."""
 
 PROVIDERS = {
     "kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
@@ -89,7 +92,6 @@ def _stopped_while_asking(spark: Any, fmt: str, topic: str) -> dict:
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     try:
-        asked = threading.Event()
         with tempfile.TemporaryDirectory(prefix="epochal-stop-") as checkpoint:
             query = (
                 spark.readStream.format(fmt)
@@ -103,12 +105,15 @@ def _stopped_while_asking(spark: Any, fmt: str, topic: str) -> dict:
                 .option("checkpointLocation", checkpoint)
                 .start()
             )
-            while not asked.is_set():
-                message = str(query.status["message"])
-                if "Getting offsets" in message or not query.isActive:
-                    asked.set()
-                else:
-                    asked.wait(0.05)
+            deadline = time.monotonic() + ASKING_DEADLINE_S
+            while query.isActive and "Getting offsets" not in str(query.status["message"]):
+                if time.monotonic() > deadline:
+                    query.stop()
+                    raise TimeoutError(
+                        f"a {fmt} query against a silent broker did not start asking it for "
+                        f"offsets within {ASKING_DEADLINE_S} s: {query.status}"
+                    )
+                time.sleep(0.05)
             was_asking = query.isActive
             query.stop()
             error = query.exception()

@@ -45,6 +45,7 @@ from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 from epochal_map.testing import MapSinkUnderTest
 from epochal_sdk import Guarantee, TransactionId
+from tests.spark.sessions import plain_session
 
 pytestmark = pytest.mark.spark
 
@@ -159,40 +160,17 @@ def _spark_part(job: Job, kind: str) -> Any:
 # --- plain sessions -------------------------------------------------------------------------
 
 
-def _kafka_jars() -> list[str]:
-    """Spark's Kafka connector jars where they are cached (none otherwise)."""
-    try:
-        from integration.bench.kafka_bench import spark_kafka_jars
-
-        return spark_kafka_jars()
-    except Exception:  # no cache and no Maven here: the session needs none
-        return []
-
-
 @pytest.fixture(scope="module")
 def session() -> Iterator[Any]:
-    """A plain SparkSession of this process, epochal's connectors registered (and with them
-    the check of each query's parts when it starts). The JVM it starts stays for the rest of
-    the process, and only ``spark.jars`` given at its start reach the driver's class path:
-    it gets Spark's Kafka connector, as ``test_spark_plan.py``'s session does, so that
-    whichever module starts it, the other finds ``format("kafka")``."""
-    from pyspark.sql import SparkSession
-
+    """A plain SparkSession of this process (:func:`tests.spark.sessions.plain_session`),
+    epochal's connectors registered (and with them the check of each query's parts when it
+    starts)."""
     from epochal.spark.datasource import register
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("test_spark_parts_in_jobs")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    spark = plain_session(
+        "test_spark_parts_in_jobs", "ERROR", **{"spark.executorEnv.PYTHONPATH": pythonpath}
     )
-    jars = _kafka_jars()
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     yield spark
     spark.stop()

@@ -4,14 +4,13 @@ guarantee is the weakest, and exactly-once with a part that cannot keep it is re
 
 One SparkSession for the module. Queries are built and read, not started, except where a
 started query's own plan is read. Spark's Kafka connector comes from the integration cache
-(``integration/bench/kafka_bench.py: spark_kafka_jars()``); Spark plans a Kafka source
-without contacting a broker, so none is started.
+(the session of ``tests/spark/sessions.py``, which every module here uses); Spark plans a
+Kafka source without contacting a broker, so none is started.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from epochal.parts.spark_plan import (
 from epochal.spark import ordered_kafka
 from epochal_sdk import ConfigError, Guarantee
 from epochal_sdk.errors import GuaranteeError
+from tests.spark.sessions import kafka_jars, plain_session
 
 pytestmark = pytest.mark.spark
 
@@ -42,41 +42,12 @@ EXACTLY_ONCE, AT_LEAST_ONCE, NONE = (
 SECRET = "sasl-secret-7f3a"
 
 
-def _kafka_jars() -> tuple[list[str], str]:
-    """Spark's Kafka connector jars, or none and why."""
-    try:
-        from integration.bench.kafka_bench import spark_kafka_jars
-
-        return spark_kafka_jars(), ""
-    except Exception as exc:  # no cache and no Maven here
-        return [], f"Spark's Kafka connector jars are not available: {exc}"
-
-
-KAFKA_JARS, NO_KAFKA = _kafka_jars()
+KAFKA_JARS, NO_KAFKA = kafka_jars()
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("test_spark_plan")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-    )
-    jars = [*KAFKA_JARS, ordered_kafka.jar()] if KAFKA_JARS else []
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
-    for jar in jars:
-        # the driver's class path is fixed when its JVM starts: a test that ran before this
-        # module in the same process (one xdist worker) may have started it without these
-        # jars, and then only ADD JAR (the route the Kafka docs give a running session) loads
-        # them; it is a no-op for a jar already there
-        session.sql(f"ADD JAR '{jar}'")
+    session = plain_session("test_spark_plan", "WARN")
     yield session
     session.stop()
 
