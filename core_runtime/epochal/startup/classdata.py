@@ -32,6 +32,9 @@ SWITCH_ENV = "EPOCHAL_CLASS_DATA"
 """``off``: never use nor make the archive."""
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 """Keep the JVM's class-data-sharing notes (every skipped class) out of the driver's log."""
+WRITER_MASTER = "local[2]"
+"""The master of the session whose JVM writes the archive
+(:mod:`epochal.startup.classdata_writer`)."""
 SHORT_LIVED_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData")
 """Options of a JVM that lives for seconds or minutes (the demo's drivers; a test's driver,
 executor or server daemon): C1 only and the serial GC, so the JIT's C2 compilations (most of
@@ -109,6 +112,7 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
     :mod:`epochal.startup.home`) unless it exists; returns its path (None: switched off or no
     JVM). Takes 20-40 s once; a second process racing for it waits for the first."""
     from epochal.startup.home import use_fast_spark_home
+    from epochal.startup.session import SessionProfile
 
     if not _enabled():
         return None
@@ -137,17 +141,21 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
         partial = f"{archive}.{os.getpid()}.partial"
         with tempfile.TemporaryDirectory(prefix="epochal-classdata-") as scratch:
             log = os.path.join(scratch, "dump.log")
+            # a driver's environment (its Python workers run this interpreter, not the
+            # python3 that PATH finds: a virtual environment need not be active)
+            env = {**os.environ, **SessionProfile(WRITER_MASTER).environment()}
             with open(log, "w") as out:
                 code = subprocess.call(
                     [sys.executable, "-m", "epochal.startup.classdata_writer", "--dump", partial],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=scratch,
+                    env=env,
                 )
             if code != 0 or not os.path.isfile(partial):
                 with open(log) as fh:
-                    tail = fh.read()[-2000:]
-                report(f"epochal: no class-data archive (the dump failed, exit {code}):\n{tail}")
+                    report(f"epochal: no class-data archive (the dump failed, exit {code}):")
+                    report(_failure(fh.read()))
                 with contextlib.suppress(OSError):
                     os.unlink(partial)
                 return None
@@ -157,6 +165,14 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
     finally:
         with contextlib.suppress(OSError):
             os.unlink(lock)
+
+
+def _failure(output: str) -> str:
+    """What a failed dump printed that says why: its first lines that name an error (the
+    cause, which a Java stack trace pushes far up), then its last lines."""
+    lines = output.splitlines()
+    errors = [line for line in lines if "Error" in line or "Exception" in line][:4]
+    return "\n".join([*errors, "...", *lines[-15:]])
 
 
 def _remove_dead_partials(directory: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from epochal.startup.classdata import QUIET
+from epochal.startup.classdata import QUIET, WRITER_MASTER
 
 
 def dump(target: str) -> None:
@@ -17,7 +17,7 @@ def dump(target: str) -> None:
     from epochal.startup.warmup import warm_up
 
     options = f"-XX:ArchiveClassesAtExit={target} {QUIET}"
-    profile = SessionProfile("local[2]", (("spark.driver.extraJavaOptions", options),))
+    profile = SessionProfile(WRITER_MASTER, (("spark.driver.extraJavaOptions", options),))
     spark = spark_session(profile, app_name="epochal-classdata")
     register(spark)
     warm_up(spark)
