@@ -112,7 +112,6 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
     :mod:`epochal.startup.home`) unless it exists; returns its path (None: switched off or no
     JVM). Takes 20-40 s once; a second process racing for it waits for the first."""
     from epochal.startup.home import use_fast_spark_home
-    from epochal.startup.session import SessionProfile
 
     if not _enabled():
         return None
@@ -141,9 +140,10 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
         partial = f"{archive}.{os.getpid()}.partial"
         with tempfile.TemporaryDirectory(prefix="epochal-classdata-") as scratch:
             log = os.path.join(scratch, "dump.log")
-            # a driver's environment (its Python workers run this interpreter, not the
-            # python3 that PATH finds: a virtual environment need not be active)
-            env = {**os.environ, **SessionProfile(WRITER_MASTER).environment()}
+            # as a driver's (SessionProfile.environment): its Python workers run this
+            # interpreter, not the python3 that PATH finds (a venv need not be active)
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            env["PYSPARK_DRIVER_PYTHON"] = sys.executable
             with open(log, "w") as out:
                 code = subprocess.call(
                     [sys.executable, "-m", "epochal.startup.classdata_writer", "--dump", partial],
