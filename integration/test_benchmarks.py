@@ -78,6 +78,8 @@ def test_fastpath_bench(
         output,
         "fast path, keyed → epochal Kafka (EO) / Spark Kafka → Spark Kafka (ALO)",
         "fast path → epochal JDBC 2PC (EO) / foreachBatch psycopg COPY (ALO)",
+        "fast path, in order → foreachBatch epochal Kafka (EO) / Spark Kafka → Spark Kafka (ALO)",
+        "fast path → foreachBatch epochal JDBC 2PC (EO) / foreachBatch psycopg COPY (ALO)",
     )
 
 

@@ -18,6 +18,10 @@ from shutil import copy
 
 import pytest
 
+from integration.harness.kafka import KafkaServer
+from integration.harness.plugin import kafka_server, postgres_server  # noqa: F401 - fixtures
+from integration.harness.postgres import PostgresServer
+
 pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,10 +54,11 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "EPOCHAL_PLUGINS"}}
 
 
-def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, capture_output=True, text=True, env=_env(), cwd=cwd, timeout=timeout
-    )
+def _run(
+    args: list[str], cwd: Path, timeout: float, servers: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**_env(), **(servers or {})}
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
 def _venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
@@ -142,7 +147,10 @@ def _requirements_without_pyspark() -> list[str]:
 
 
 def test_foreach_batch_crash_points_on_pyspark_3_5(
-    built_wheels: dict[str, Path], tmp_path: Path
+    built_wheels: dict[str, Path],
+    kafka_server: KafkaServer,  # noqa: F811
+    postgres_server: PostgresServer,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The ``foreachBatch`` writers' crash cases (Spark's Kafka source into the JDBC 2PC sink, the
     Kafka sink with Spark's source read in order, an update-mode aggregation into the JDBC
@@ -150,7 +158,9 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
     3.5, with epochal's wheels installed beside it without their dependencies, as the docs
     say. The mutant case (a writer that writes a replayed batch again must be caught) runs
     once, on the suite's own pyspark: it proves the JDBC case's counting, which no release
-    changes, and costs five driver starts."""
+    changes, and costs five driver starts. The cases use this session's broker and database
+    server (``EPOCHAL_KAFKA_BOOTSTRAP``, ``EPOCHAL_POSTGRES_DSN``: each case makes its own
+    topics and database), not servers of their own."""
     venv, python, pip = _venv_with_pyspark(FOREACH_BATCH_RELEASE, tmp_path)
     wheels = [str(w) for w in built_wheels.values()]
     done = _run([*pip, "--no-deps", *wheels], tmp_path, 600)
@@ -165,7 +175,11 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
     args = ["-p", "no:cacheprovider", "-q", "-p", "no:xdist", "--rootdir", str(ROOT)]
     args += ["-k", f"not {MUTANT_CASE} and not {ROUTED_KAFKA_CASE}"]
     args += ["--basetemp", str(tmp_path / "cases"), str(FOREACH_BATCH_CASES)]
-    cases = _run([python, "-m", "pytest", *args], ROOT, 1500)
+    servers = {
+        "EPOCHAL_KAFKA_BOOTSTRAP": kafka_server.bootstrap_servers,
+        "EPOCHAL_POSTGRES_DSN": postgres_server.dsn,
+    }
+    cases = _run([python, "-m", "pytest", *args], ROOT, 1500, servers)
     out = cases.stdout + cases.stderr
     assert cases.returncode == 0, out[-6000:]
     assert " passed" in cases.stdout and " failed" not in cases.stdout, out[-6000:]

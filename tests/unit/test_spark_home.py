@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,33 @@ def test_a_killed_dump_leaves_no_partial_archive_behind(tmp_path: Path) -> None:
         path.write_bytes(b"x")
     classdata._remove_dead_partials(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, archive.name])
+
+
+def test_a_new_archive_removes_all_but_the_ones_used_last(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each Spark home (a new checkout, a new venv) makes its own archive of about 170 MB: a
+    new one removes all but the :data:`ARCHIVES_KEPT` most recently used; a driver marks
+    its archive used (at most once an hour), so an old archive still in use is kept."""
+    from epochal.startup import classdata
+
+    now = time.time()
+    ages = {"a": 10, "b": 20, "c": 30, "d": 40, "e": 50}  # hours since last used
+    for name, hours in ages.items():
+        path = tmp_path / f"spark-driver-{name}.jsa"
+        path.write_bytes(b"x")
+        os.utime(path, (now - hours * 3600, now - hours * 3600))
+    (tmp_path / "spark-driver-z.jsa.lock").write_bytes(b"")
+    monkeypatch.setattr(
+        classdata, "archive_path", lambda home: str(tmp_path / "spark-driver-e.jsa")
+    )
+    monkeypatch.setattr(classdata, "_spark_home", lambda: "/a/spark/home")
+    monkeypatch.delenv(classdata.SWITCH_ENV, raising=False)
+    assert classdata.driver_java_options().startswith("-XX:SharedArchiveFile=")  # e, in use
+    removed = classdata._remove_unused_archives(str(tmp_path), keep=3)
+    assert sorted(removed) == ["spark-driver-c.jsa", "spark-driver-d.jsa"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [f"spark-driver-{n}.jsa" for n in "abe"] + ["spark-driver-z.jsa.lock"]
 
 
 @pytest.mark.spark

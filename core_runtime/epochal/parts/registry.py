@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import importlib.metadata
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -26,6 +26,9 @@ from epochal_sdk import (
     ReplayableSource,
 )
 from epochal_sdk import hookspecs as specs
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 log = logging.getLogger("epochal.parts.registry")
 
@@ -45,7 +48,7 @@ def plugin_manager() -> pluggy.PluginManager:
     manager = pluggy.PluginManager(specs.PROJECT)
     manager.add_hookspecs(specs)
     BROKEN.clear()
-    for entry_point in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP):
+    for entry_point in _entry_points():
         if manager.get_plugin(entry_point.name) is not None:
             continue
         try:
@@ -56,8 +59,7 @@ def plugin_manager() -> pluggy.PluginManager:
             log.warning("epochal plugin %r failed to load: %s", entry_point.name, exc)
             continue
         manager.register(plugin, name=entry_point.name)
-    extra = (name.strip() for name in os.environ.get(EXTRA_PLUGINS_ENV, "").split(","))
-    for module_name in filter(None, extra):
+    for module_name in _extra_modules():
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:
@@ -67,6 +69,22 @@ def plugin_manager() -> pluggy.PluginManager:
         if not manager.is_registered(module):
             manager.register(module)
     return manager
+
+
+def _extra_modules() -> list[str]:
+    """The module names ``EPOCHAL_PLUGINS`` gives, in order."""
+    return [n.strip() for n in os.environ.get(EXTRA_PLUGINS_ENV, "").split(",") if n.strip()]
+
+
+def _entry_points(name: str = "") -> importlib.metadata.EntryPoints:
+    """The installed ``epochal`` entry points (only ``name``'s when given). The processes
+    Spark starts for a query load their plugin without them (:func:`_installed_alone`), so
+    :mod:`importlib.metadata` is imported only here."""
+    from importlib import metadata
+
+    if name:
+        return metadata.entry_points(group=specs.ENTRY_POINT_GROUP, name=name)
+    return metadata.entry_points(group=specs.ENTRY_POINT_GROUP)
 
 
 def _distribution(entry_point: importlib.metadata.EntryPoint) -> str:
@@ -150,9 +168,7 @@ def connector(name: str, entry_point: str = "") -> Connector:
 def installed_names() -> list[str]:
     """The names of the installed connector plugins (their entry points), without loading
     any of them."""
-    return sorted(
-        {ep.name for ep in importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP)}
-    )
+    return sorted({ep.name for ep in _entry_points()})
 
 
 _ENTRY_POINTS_GIVEN: dict[str, str] = {}
@@ -162,7 +178,7 @@ _ENTRY_POINTS_GIVEN: dict[str, str] = {}
 def entry_point_value(name: str) -> str:
     """The value (``module:attribute``) of the installed plugin entry point ``name``, or ""
     when none is installed under that name."""
-    found = importlib.metadata.entry_points(group=specs.ENTRY_POINT_GROUP, name=name)
+    found = _entry_points(name=name)
     return next((entry_point.value for entry_point in found), "")
 
 
@@ -180,27 +196,51 @@ def _installed_alone(name: str, entry_point: str = "") -> type[Connector] | None
     searching the metadata reads every entry of Python's path, and Spark puts its core jar
     (some 6 000 entries) on the path of each Python process it starts: 0.05 s of CPU in each
     (0.006 s without the jar), some eight processes per query start. A value that no longer
-    loads falls back to the search."""
-    if os.environ.get(EXTRA_PLUGINS_ENV, "").strip():
-        return None  # extra plugin modules may shadow an installed one: load them all
-    group = specs.ENTRY_POINT_GROUP
+    loads falls back to the search.
+
+    With ``EPOCHAL_PLUGINS`` (local connectors, test doubles), those modules come first: a
+    connector they register is loaded from them alone, any other from its installed plugin
+    alone. A name registered twice is refused on the driver, whose :func:`register
+    <epochal.spark.datasource.register>` loads every plugin."""
+    extra = _extra_modules()
+    if extra:
+        try:
+            manager = pluggy.PluginManager(specs.PROJECT)
+            manager.add_hookspecs(specs)
+            for module_name in extra:
+                manager.register(importlib.import_module(module_name))
+            registered = connectors(manager).get(name)
+        except Exception:  # reported, with the others, by the full discovery
+            return None
+        if registered is not None:
+            return registered
     if entry_point:
-        given = importlib.metadata.EntryPoint(name=name, value=entry_point, group=group)
-        loaded = _load_alone(given, name)
+        # loaded as the entry point would load it, without importing importlib.metadata
+        # (and the email and csv packages it needs): 15 ms in each process
+        loaded = _load_alone(lambda: _load_value(entry_point), name)
         if loaded is not None:
             return loaded  # else moved or gone: search as without it
-    for found in importlib.metadata.entry_points(group=group, name=name):
-        return _load_alone(found, name)
+    for found in _entry_points(name=name):
+        return _load_alone(found.load, name)
     return None
 
 
-def _load_alone(entry_point: importlib.metadata.EntryPoint, name: str) -> type[Connector] | None:
-    """Connector ``name`` of the plugin ``entry_point`` alone; None when it fails to load or
-    does not register ``name`` (the full discovery then reports why)."""
+def _load_value(value: str) -> Any:
+    """The object an entry point value (``module:attribute.path``) names."""
+    module_name, _, attributes = value.partition(":")
+    found: Any = importlib.import_module(module_name.strip())
+    for attribute in filter(None, attributes.strip().split(".")):
+        found = getattr(found, attribute)
+    return found
+
+
+def _load_alone(load: Callable[[], Any], name: str) -> type[Connector] | None:
+    """Connector ``name`` of the plugin ``load`` returns, alone; None when it fails to load
+    or does not register ``name`` (the full discovery then reports why)."""
     manager = pluggy.PluginManager(specs.PROJECT)
     manager.add_hookspecs(specs)
     try:
-        manager.register(entry_point.load(), name=entry_point.name)
+        manager.register(load(), name=name)
         return connectors(manager).get(name)
     except Exception:  # reported, with the others, by the full discovery
         return None

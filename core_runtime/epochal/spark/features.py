@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import inspect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -87,9 +86,11 @@ def _has(module: str, attribute: str) -> bool:
 
 def pyspark_version() -> str:
     """The installed pyspark's version (from its distribution's metadata: no import)."""
+    from importlib import metadata  # only for a refusal's message: not in every process
+
     try:
-        return importlib.metadata.version("pyspark")
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version("pyspark")
+    except metadata.PackageNotFoundError:
         return "none"
 
 

@@ -98,20 +98,53 @@ def _spark_home() -> str | None:
     return os.environ.get("SPARK_HOME") or package_home()
 
 
+ARCHIVES_KEPT = 3
+"""Archives a machine keeps (about 170 MB each, one per Spark home and JVM build): making a
+new one removes all but the ones most recently used. A driver whose archive was removed
+starts without it (a few seconds slower) until ``epochal prepare`` makes it again."""
+USE_MARK_SECONDS = 3600.0
+"""A driver marks its archive used (its modification time) when the mark is older than this."""
+
+
 def driver_java_options(existing: str = "") -> str:
     """``existing`` driver JVM options with the archive in front, when it exists."""
     home = _spark_home()
     archive = archive_path(home) if home and _enabled() else None
-    if archive is None or not os.path.isfile(archive) or "Archive" in existing:
+    if archive is None or "Archive" in existing:
         return existing  # none, or the options name one already (or dump one)
+    try:
+        used = os.stat(archive).st_mtime
+    except OSError:
+        return existing
+    if time.time() - used > USE_MARK_SECONDS:
+        with contextlib.suppress(OSError):
+            os.utime(archive)  # kept by the next prepare's clean-up (_remove_unused_archives)
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto {QUIET} {existing}".strip()
+
+
+def _remove_unused_archives(directory: str, keep: int = ARCHIVES_KEPT) -> list[str]:
+    """Delete the archives in ``directory`` beyond the ``keep`` most recently used (a new
+    checkout, Spark home or JVM makes a new one; nothing removes the old). A JVM that has one
+    mapped keeps its pages: deleting the file only stops new drivers from finding it. The
+    names of the deleted archives."""
+    found = []
+    for name in os.listdir(directory):
+        if name.startswith("spark-driver-") and name.endswith(".jsa"):
+            with contextlib.suppress(OSError):
+                found.append((os.stat(os.path.join(directory, name)).st_mtime, name))
+    removed = []
+    for _, name in sorted(found, reverse=True)[keep:]:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
 
 
 def prepare(report: Callable[[str], object] = print, force: bool = False) -> str | None:
     """Make the archive for this interpreter's PySpark (its fast Spark home, see
     :mod:`epochal.startup.home`) unless it exists; returns its path (None: switched off or no
     JVM). Takes 20-40 s once; a second process racing for it waits for the first."""
-    from epochal.startup.home import use_fast_spark_home
+    from epochal.startup.home import python_of_spark, use_fast_spark_home
 
     if not _enabled():
         return None
@@ -140,10 +173,7 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
         partial = f"{archive}.{os.getpid()}.partial"
         with tempfile.TemporaryDirectory(prefix="epochal-classdata-") as scratch:
             log = os.path.join(scratch, "dump.log")
-            # as a driver's (SessionProfile.environment): its Python workers run this
-            # interpreter, not the python3 that PATH finds (a venv need not be active)
-            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-            env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+            env = {**os.environ, **python_of_spark()}  # as a driver's
             with open(log, "w") as out:
                 code = subprocess.call(
                     [sys.executable, "-m", "epochal.startup.classdata_writer", "--dump", partial],
@@ -161,6 +191,9 @@ def prepare(report: Callable[[str], object] = print, force: bool = False) -> str
                 return None
         os.replace(partial, archive)
         report(f"epochal: class-data archive ready in {time.monotonic() - started:.0f}s")
+        removed = _remove_unused_archives(os.path.dirname(archive))
+        if removed:
+            report(f"epochal: removed {len(removed)} class-data archive(s) unused the longest")
         return archive
     finally:
         with contextlib.suppress(OSError):

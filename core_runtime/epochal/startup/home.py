@@ -28,9 +28,18 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 from epochal.startup.statefiles import build_jar, source_digest
+
+
+def python_of_spark() -> dict[str, str]:
+    """The environment that makes the Python processes a driver's Spark starts run this
+    interpreter (the one with the packages), not the ``python3`` that PATH finds: a virtual
+    environment need not be active, and a system Python with ``.venv`` has no pyspark."""
+    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
 
 SWITCH_ENV = "EPOCHAL_SPARK_HOME"
 """``asis``: leave ``SPARK_HOME`` to PySpark (its package directory, with the zips)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from epochal.base import processes, secrets
 from epochal.parts.registry import EXTRA_PLUGINS_ENV
+from epochal.startup.home import python_of_spark
 from epochal.state import objectstore, webhdfs
 from epochal.state.jobs import JobRecord
 from epochal_sdk.errors import STARTING_ENV
@@ -70,8 +71,7 @@ class SessionProfile:
             "PYTHONPATH": os.pathsep.join([*self.python_path, *inherited]),
             EXTRA_PLUGINS_ENV: self.plugins,
             STARTING_ENV: "0",  # the data source says when a check is the job's start
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            **python_of_spark(),
         }
 
 

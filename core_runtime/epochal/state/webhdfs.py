@@ -41,16 +41,17 @@ import json
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from epochal.state.objectstore import HDFS_SCHEME, PreconditionFailedError, Versioned
 from epochal_sdk import ConfigError
+
+if TYPE_CHECKING:
+    import urllib.error
 
 URL_ENV = "EPOCHAL_WEBHDFS_URL"
 USER_ENV = "HADOOP_USER_NAME"
@@ -190,6 +191,8 @@ class HdfsStore:
     def _once(
         self, method: str, path: str, op: str, params: Mapping[str, str], data: bytes | None
     ) -> bytes:
+        import urllib.error  # here: the Python processes of a query that never reach HDFS skip it
+
         url = self._url(path, op, params)
         try:
             if op == "CREATE":  # the NameNode names a DataNode; the bytes go there
@@ -378,6 +381,8 @@ class _TransientError(Exception):
 
 
 def _http(method: str, url: str, data: bytes | None = None) -> bytes:
+    import urllib.request  # here: 10 ms of imports (http, email) that most processes never need
+
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/octet-stream")
