@@ -204,25 +204,20 @@ def _installed_alone(name: str, entry_point: str = "") -> type[Connector] | None
     <epochal.spark.datasource.register>` loads every plugin."""
     extra = _extra_modules()
     if extra:
-        try:
-            manager = pluggy.PluginManager(specs.PROJECT)
-            manager.add_hookspecs(specs)
-            for module_name in extra:
-                manager.register(importlib.import_module(module_name))
-            registered = connectors(manager).get(name)
-        except Exception:  # reported, with the others, by the full discovery
-            return None
-        if registered is not None:
-            return registered
+        loaded = _load_alone(lambda: [(importlib.import_module(m), None) for m in extra], name)
+        if loaded is not None:
+            return loaded
     if entry_point:
         # loaded as the entry point would load it, without importing importlib.metadata
         # (and the email and csv packages it needs): 15 ms in each process
-        loaded = _load_alone(lambda: _load_value(entry_point), name)
+        loaded = _load_alone(lambda: [(_load_value(entry_point), name)], name)
         if loaded is not None:
             return loaded  # else moved or gone: search as without it
-    for found in _entry_points(name=name):
-        return _load_alone(found.load, name)
-    return None
+    installed = next(iter(_entry_points(name=name)), None)
+    if installed is None:
+        return None
+    load = installed.load
+    return _load_alone(lambda: [(load(), name)], name)
 
 
 def _load_value(value: str) -> Any:
@@ -234,13 +229,17 @@ def _load_value(value: str) -> Any:
     return found
 
 
-def _load_alone(load: Callable[[], Any], name: str) -> type[Connector] | None:
-    """Connector ``name`` of the plugin ``load`` returns, alone; None when it fails to load
-    or does not register ``name`` (the full discovery then reports why)."""
+def _load_alone(
+    load: Callable[[], list[tuple[Any, str | None]]], name: str
+) -> type[Connector] | None:
+    """Connector ``name`` of the plugins ``load`` returns (each with its plugin name, None for
+    pluggy's own), alone; None when one fails to load or none registers ``name`` (the full
+    discovery then reports why)."""
     manager = pluggy.PluginManager(specs.PROJECT)
     manager.add_hookspecs(specs)
     try:
-        manager.register(load(), name=name)
+        for plugin, plugin_name in load():
+            manager.register(plugin, name=plugin_name)
         return connectors(manager).get(name)
     except Exception:  # reported, with the others, by the full discovery
         return None
