@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +105,7 @@ def spark_session(profile: SessionProfile, app_name: str = "epochal") -> Any:
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
-        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": python_of_spark()["PYSPARK_PYTHON"],
         f"spark.executorEnv.{STARTING_ENV}": "0",
         "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
         "spark.sql.streaming.stopTimeout": "30s",

@@ -32,6 +32,7 @@ from typing import Any
 from epochal.base import processes
 from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
+from epochal.startup.home import python_of_spark
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.real_failures import check_zombie_wrote_nothing
 from epochal.testing.scenarios import (
@@ -152,7 +153,7 @@ class SessionFailures:
             **with_temp_dir(self.temp_dir),
             SPEC_ENV: json.dumps(self.spec),
             processes.RUN_TOKEN_ENV: token,
-            "PYSPARK_PYTHON": sys.executable,
+            **python_of_spark(),
         }
         log = open(f"{self.jobdir.path}-app-{tag}.log", "w")  # noqa: SIM115
         with log:
