@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from epochal_map import MapJournalSource, MapStore
-from epochal_map.source import ARROW_SCHEMA
+from epochal_map.source import arrow_schema
 from epochal_sdk import ConfigError, Options, SnapshotError, Split
 
 
@@ -29,7 +29,7 @@ def fill(path: Path, count: int, partitions: int = 4, start: int = 0) -> None:
 
 
 def read_all(src: MapJournalSource, split: Split) -> pa.Table:
-    return pa.Table.from_batches(list(src.read(split)), schema=ARROW_SCHEMA)
+    return pa.Table.from_batches(list(src.read(split)), schema=arrow_schema())
 
 
 def test_construction_is_lazy_and_picklable(path: Path) -> None:
@@ -73,7 +73,7 @@ def test_read_exact_range_twice(path: Path) -> None:
             split = Split(p, 2, end - 1)
             first, second = read_all(src, split), read_all(src, split)
             assert first.equals(second)
-            assert first.schema == ARROW_SCHEMA
+            assert first.schema == arrow_schema()
             assert first["sequence"].to_pylist() == list(range(2, end - 1))
             assert set(first["partition"].to_pylist()) == {int(p)}
             expected = store.journal_read("m", int(p), 2, end - 1)

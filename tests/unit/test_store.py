@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,34 @@ def test_delete_and_delete_tree(store: SnapshotStore, tmp_path: Path) -> None:
     store.delete_tree()
     assert not (tmp_path / "store").exists()
     assert store.verify() == (0, [])
+
+
+@pytest.mark.parametrize("uri", [False, True], ids=["path", "file-uri"])
+def test_a_local_store_lists_reads_and_deletes_without_pyarrow(tmp_path: Path, uri: bool) -> None:
+    """A local store (a path or a ``file://`` URI) goes through the os module, and with a path
+    pyarrow is not imported at all: the Python processes Spark starts to plan or commit a
+    query load epochal's data source layer and read and write the snapshot, and importing
+    pyarrow costs each 0.1 s of CPU (a ``file://`` URI is parsed by ``pyarrow.fs``)."""
+    root = tmp_path / "store"
+    script = f"""
+import sys
+from epochal.state.store import SnapshotStore
+import pyspark_epochal_map  # Spark's data source lookup imports this in each new session
+store = SnapshotStore({(f"file://{root}" if uri else str(root))!r})
+store.write("sinks/a/decisions/1", b"1")
+store.write("sinks/b/done/1", b"2")
+assert store.list_dirs("sinks") == ["a", "b"], store.list_dirs("sinks")
+assert store.list_dirs("nothing") == []
+assert store.read("sinks/b/done/1") == b"2"
+assert store.verify() == (2, []), store.verify()
+store.delete("sinks/a/decisions/1")
+store.delete_tree("sinks/b")
+assert store.list_dirs("sinks") == ["a"] and not store.exists("sinks/b/done/1")
+assert {uri} or "pyarrow" not in sys.modules, "pyarrow was imported"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
 def test_records_round_trip(store: SnapshotStore) -> None:

@@ -8,10 +8,8 @@ import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
-import pyarrow as pa
 from psycopg import sql
 
-from epochal_jdbc.copy import copy_batch
 from epochal_jdbc.db import (
     GID_MAX,
     JdbcError,
@@ -42,6 +40,7 @@ from epochal_sdk import (
 from epochal_sdk.ids import batch_of
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from psycopg import Connection
 
 log = logging.getLogger("epochal.jdbc")
@@ -459,11 +458,15 @@ class _TaskWriter:
         """COPY these records inside the task's transaction."""
         if batch.num_rows == 0:
             return
+        # pyarrow (CSV) where rows are written: the processes Spark starts to plan a query or
+        # commit its writes load this module too, and importing pyarrow costs each 0.1 s
+        from epochal_jdbc import copy
+
         try:
             if self.conn is None:
                 self.conn = self._begin()
             with self.conn.cursor() as cursor:
-                copy_batch(cursor, self._target(), self._shape(batch))
+                copy.copy_batch(cursor, self._target(), self._shape(batch))
         except psycopg.Error as e:
             raise self._fail(e) from None
         self.rows += batch.num_rows
@@ -553,6 +556,8 @@ class UpsertWriter(_TaskWriter, IdempotentWriter):
         return sql.Identifier(self.STAGE)
 
     def _shape(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        import pyarrow as pa
+
         ordinal = pa.array(range(self.rows, self.rows + batch.num_rows), pa.int64())
         return batch.append_column(ORDINAL, ordinal)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
@@ -33,21 +32,34 @@ from epochal_sdk import (
     Split,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger("epochal.kafka.source")
 
-HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-        ("headers", HEADER_TYPE),
-    ]
-)
+
+@functools.cache
+def arrow_schema() -> pa.Schema:
+    """The source's rows as Arrow batches (:data:`SCHEMA`). pyarrow is imported where
+    records are read: the Python processes Spark starts to plan a query or commit its writes
+    load this module, and importing pyarrow would cost each 0.1 s of CPU."""
+    import pyarrow as pa
+
+    headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("timestampType", pa.int32()),
+            ("headers", headers),
+        ]
+    )
+
+
 SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
     "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
@@ -495,15 +507,20 @@ def _to_batch(
     headers: list[Any],
 ) -> pa.RecordBatch:
     """Consumed records as an Arrow batch in the source's schema."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = arrow_schema()
     count = len(offsets)
-    stamps = pc.multiply(pa.array(times, pa.int64()), 1000).cast(ARROW_SCHEMA.field(5).type)
+    stamps = pc.multiply(pa.array(times, pa.int64()), 1000).cast(schema.field(5).type)
+    header_type = schema.field(7).type
     if any(h is not None for h in headers):
         header_array = pa.array(
             [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
-            type=HEADER_TYPE,
+            type=header_type,
         )
     else:
-        header_array = pa.nulls(count, HEADER_TYPE)
+        header_array = pa.nulls(count, header_type)
     columns = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
@@ -514,7 +531,7 @@ def _to_batch(
         pa.array(types, pa.int32()),
         header_array,
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _split_ranges(ranges: list[tuple[str, int, int]], wanted: int) -> list[Split]:

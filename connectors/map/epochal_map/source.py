@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, ClassVar
 
 from epochal_map.store import Event, MapStore, MapTarget
 from epochal_sdk import (
@@ -19,26 +18,39 @@ from epochal_sdk import (
     Split,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 CHUNK_ROWS = 10_000
 
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("value", pa.string()),
-        ("partition", pa.int32()),
-        ("sequence", pa.int64()),
-        ("event_time", pa.timestamp("us", tz="UTC")),
-    ]
-)
+
+@functools.cache
+def arrow_schema() -> pa.Schema:
+    """The source's rows as Arrow batches. pyarrow is imported where rows are read: the
+    Python processes Spark starts to plan a query or commit its writes load this module, and
+    importing pyarrow would cost each 0.1 s of CPU."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("value", pa.string()),
+            ("partition", pa.int32()),
+            ("sequence", pa.int64()),
+            ("event_time", pa.timestamp("us", tz="UTC")),
+        ]
+    )
 
 
 def to_batch(partition: int, events: list[Event]) -> pa.RecordBatch:
     """Journal events of one partition as an Arrow record batch in the source's schema."""
+    import pyarrow as pa
+
     sequences, keys, values, times = zip(*events, strict=True)
     columns = [keys, values, [partition] * len(events), sequences, times]
+    schema = arrow_schema()
     return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)],
-        schema=ARROW_SCHEMA,
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
 
 

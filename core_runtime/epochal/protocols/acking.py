@@ -34,13 +34,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.ipc as ipc
+from typing import TYPE_CHECKING, Any
 
 from epochal.state.store import SnapshotStore
 from epochal_sdk import AcknowledgingSource, Message
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("epochal.ack")
 
@@ -87,6 +87,9 @@ def _tuple(row: tuple[Any, ...] | dict[str, Any], names: list[str]) -> tuple[Any
 def encode_batch(messages: Sequence[Message], schema: pa.Schema) -> bytes:
     """A stored batch: the rows in the source schema plus the message IDs, as Arrow IPC.
     Rows are tuples in schema order or dicts by column name."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     names = list(schema.names)
     rows = [_tuple(m.row, names) for m in messages]
     columns = list(zip(*rows, strict=True)) if messages else []
@@ -106,6 +109,8 @@ def encode_batch(messages: Sequence[Message], schema: pa.Schema) -> bytes:
 
 def decode_batch(data: bytes) -> pa.RecordBatch:
     """The inverse of :func:`encode_batch` (with the ID column)."""
+    import pyarrow.ipc as ipc
+
     return ipc.open_stream(io.BytesIO(data)).read_all().combine_chunks().to_batches()[0]
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from epochal.state.store import SnapshotStore
 from epochal_sdk import EpochalError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _MASK = (1 << 64) - 1
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from epochal.metrics import recording
 from epochal.protocols import keys
@@ -30,6 +29,9 @@ from epochal_sdk import (
     TransactionalSink,
 )
 from epochal_sdk.sinks import Sink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 KEEP_BATCHES = 100
 """How many batches of sink records (decisions, key digests) the store keeps."""

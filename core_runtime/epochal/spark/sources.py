@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -22,6 +21,7 @@ from epochal_sdk import AcknowledgingSource, Guarantee, ReplayableSource, Split
 log = logging.getLogger("epochal.source")
 
 if TYPE_CHECKING:  # checked against the newest pyspark
+    import pyarrow as pa
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
 else:  # SupportsTriggerAvailableNow where pyspark has it (epochal.spark.features)
     _AvailableNow = features.trigger_available_now_base()
@@ -124,6 +124,8 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         return [SplitPartition(s) for s in self.source.splits(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa  # a task's: the planning processes need no pyarrow
+
         split = partition.split  # type: ignore[attr-defined]
         task = SparkTask.current()
         batch = task.batch if task is not None else None

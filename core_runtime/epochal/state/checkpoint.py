@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 
-import pyarrow.fs as pafs
-
 from epochal.state import objectstore
 from epochal.state.store import SnapshotStore
 
@@ -57,5 +55,8 @@ class Checkpoint:
                 return os.listdir(path)
             except (FileNotFoundError, NotADirectoryError):
                 return []
+        import pyarrow.fs as pafs  # only here: a Spark worker that loads epochal skips pyarrow
+
+        assert self.files.fs is not None  # neither local nor an object store
         selector = pafs.FileSelector(path, allow_not_found=True)
         return [i.base_name for i in self.files.fs.get_file_info(selector)]
