@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from epochal.state.checkpoint import Checkpoint
 from epochal.state.store import (
     MAGIC,
     EntryExistsError,
@@ -211,6 +212,28 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_a_store_on_another_pyarrow_file_system() -> None:
+    """A root that is neither local nor on an object store (here pyarrow's in-memory
+    ``mock://`` file system) goes through ``pyarrow.fs``: the same entries, listings and
+    deletes as on local disk, and Spark's checkpoint read the same way."""
+    store = SnapshotStore("mock:///state")
+    assert not store.local
+    store.write("sinks/a/decisions/1", b"1")
+    store.write("sinks/b/done/2", b"2", exclusive=True)
+    with pytest.raises(EntryExistsError):
+        store.write("sinks/b/done/2", b"3", exclusive=True)
+    assert store.read("sinks/a/decisions/1") == b"1"
+    assert store.list_dirs("sinks") == ["a", "b"]
+    assert store.list("sinks/b/done") == ["sinks/b/done/2"]
+    assert store.verify() == (2, [])
+    store.delete("sinks/a/decisions/1")
+    store.delete_tree("sinks/b")
+    assert not store.exists("sinks/b/done/2") and store.list("sinks/a/decisions") == []
+    checkpoint = Checkpoint("mock:///checkpoint")
+    checkpoint.files.write("offsets/0", b"{}")
+    assert checkpoint.batches("offsets") == [0] and checkpoint.exists("offsets/0")
 
 
 def test_records_round_trip(store: SnapshotStore) -> None:

@@ -57,6 +57,5 @@ class Checkpoint:
                 return []
         import pyarrow.fs as pafs  # only here: a Spark worker that loads epochal skips pyarrow
 
-        assert self.files.fs is not None  # neither local nor an object store
         selector = pafs.FileSelector(path, allow_not_found=True)
-        return [i.base_name for i in self.files.fs.get_file_info(selector)]
+        return [i.base_name for i in self.files._remote().get_file_info(selector)]

@@ -137,6 +137,14 @@ class SnapshotStore:
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
+    def _remote(self) -> pafs.FileSystem:
+        """The ``pyarrow.fs`` file system of a root that is neither local nor on an object
+        store (a local root goes through the os module, an object store through
+        :attr:`objects`)."""
+        if self.fs is None:
+            raise RuntimeError(f"{self!r} has no pyarrow file system (a local or object store)")
+        return self.fs
+
     def _key(self, path: str) -> str:
         """The object key of a path (``<bucket>/<key>``) of this store."""
         assert self.objects is not None
@@ -191,14 +199,14 @@ class SnapshotStore:
             except FileExistsError:
                 raise EntryExistsError(path) from None
             return
-        assert self.fs is not None
-        self.fs.create_dir(parent, recursive=True)
+        fs = self._remote()
+        fs.create_dir(parent, recursive=True)
         if exclusive and self._exists(path):
             raise EntryExistsError(path)
         tmp = f"{path}{_TMP}{uuid.uuid4().hex}"
-        with self.fs.open_output_stream(tmp) as out:
+        with fs.open_output_stream(tmp) as out:
             out.write(data)
-        self.fs.move(tmp, path)
+        fs.move(tmp, path)
 
     def _read_raw(self, path: str) -> bytes:
         if self.objects is not None:  # a fenced run reads, but cannot write (see the doc)
@@ -207,8 +215,7 @@ class SnapshotStore:
         if self.local:
             with open(path, "rb") as local:
                 return local.read()
-        assert self.fs is not None
-        with self.fs.open_input_stream(path) as src:
+        with self._remote().open_input_stream(path) as src:
             return src.read()
 
     def _exists(self, path: str) -> bool:
@@ -218,8 +225,7 @@ class SnapshotStore:
             return os.path.exists(path)
         import pyarrow.fs as pafs
 
-        assert self.fs is not None
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self._remote().get_file_info(path).type != pafs.FileType.NotFound
 
     # -- entries ---------------------------------------------------------------------------
     def write(self, key: str, data: bytes, *, count: int = 0, exclusive: bool = False) -> Manifest:
@@ -306,8 +312,7 @@ class SnapshotStore:
             )
         import pyarrow.fs as pafs
 
-        assert self.fs is not None
-        info = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        info = self._remote().get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(
             f"{prefix}/{item.path.rsplit('/', 1)[-1]}"
             for item in info
@@ -326,11 +331,10 @@ class SnapshotStore:
                 return []
         import pyarrow.fs as pafs
 
-        assert self.fs is not None
         selector = pafs.FileSelector(path, allow_not_found=True)
         return sorted(
             info.path.rsplit("/", 1)[-1]
-            for info in self.fs.get_file_info(selector)
+            for info in self._remote().get_file_info(selector)
             if info.type == pafs.FileType.Directory
         )
 
@@ -345,8 +349,7 @@ class SnapshotStore:
             if self.local:
                 os.unlink(self._path(key))
             else:
-                assert self.fs is not None
-                self.fs.delete_file(self._path(key))
+                self._remote().delete_file(self._path(key))
 
     def delete_tree(self, prefix: str = "") -> None:
         """Delete everything under ``prefix`` (the whole store when empty)."""
@@ -359,8 +362,7 @@ class SnapshotStore:
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(path)
         elif self._exists(path):
-            assert self.fs is not None
-            self.fs.delete_dir(path)
+            self._remote().delete_dir(path)
 
     def _files(self, prefix: str) -> builtins.list[str]:
         """Paths of every file under ``prefix`` (recursively)."""
@@ -375,9 +377,9 @@ class SnapshotStore:
             ]
         import pyarrow.fs as pafs
 
-        assert self.fs is not None
         selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-        return [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        files = self._remote().get_file_info(selector)
+        return [i.path for i in files if i.type == pafs.FileType.File]
 
     def verify(self, prefix: str = "") -> tuple[int, builtins.list[str]]:
         """Check every entry under ``prefix``; return (entries checked, problems found)."""
