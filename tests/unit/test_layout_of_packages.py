@@ -1,7 +1,8 @@
 """The runtime's package layout holds: its packages stand in one order and every import goes
 down it (or stays in its package), no module imports one that imports it back, nothing outside
 the kit imports the kit, state and protocols stay free of Spark, connectors use the SDK only
-and none of their modules imports one that imports it back.
+and none of their modules imports one that imports it back; the reference connectors import
+without pyarrow.
 
 Every import counts: at module level, inside functions, under ``TYPE_CHECKING``, ``import x``,
 ``from x import y`` and relative imports."""
@@ -201,3 +202,32 @@ def test_connectors_use_the_sdk_and_no_runtime_module_names_their_options() -> N
         text = path.read_text()
         for option in ("markerTable", "--dsn", "kafka.bootstrap.servers"):
             assert option not in text, f"{path} knows a connector's option ({option})"
+
+
+ROWS_ONLY = {"epochal_jdbc.copy"}
+"""Connector modules that only a task writing rows imports, and that import pyarrow."""
+
+
+def test_the_reference_connectors_import_without_pyarrow() -> None:
+    """Every module of the four reference connectors (but their kits and :data:`ROWS_ONLY`)
+    imports without pyarrow: Spark's short-lived Python processes of a query (the data source
+    lookup, create and commit workers) load them, and pyarrow costs each 0.1 s of CPU
+    (docs/authors/connectors.md, "Where the code runs")."""
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib, pkgutil, sys
+loaded = []
+for package in ("epochal_map", "epochal_kafka", "epochal_jdbc", "epochal_jms"):
+    module = importlib.import_module(package)
+    for found in pkgutil.walk_packages(module.__path__, package + "."):
+        if found.name.endswith(".testing") or found.name in {sorted(ROWS_ONLY)!r}:
+            continue
+        importlib.import_module(found.name)
+        loaded.append(found.name)
+assert len(loaded) > 20, loaded
+print("pyarrow" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

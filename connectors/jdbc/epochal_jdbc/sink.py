@@ -429,6 +429,9 @@ class _TaskWriter:
     """A task's connection and its one database transaction, opened at the first record."""
 
     def __init__(self, sink: JdbcSink, task: ConnectorContext) -> None:
+        from epochal_jdbc import copy  # pyarrow's CSV writer: imported by a task, not a planner
+
+        self.copy_batch = copy.copy_batch
         self.sink, self.task = sink, task
         self.where = (
             f"batch {task.batch}, partition {task.partition}, attempt {task.attempt}, "
@@ -458,15 +461,11 @@ class _TaskWriter:
         """COPY these records inside the task's transaction."""
         if batch.num_rows == 0:
             return
-        # pyarrow (CSV) where rows are written: the processes Spark starts to plan a query or
-        # commit its writes load this module too, and importing pyarrow costs each 0.1 s
-        from epochal_jdbc import copy
-
         try:
             if self.conn is None:
                 self.conn = self._begin()
             with self.conn.cursor() as cursor:
-                copy.copy_batch(cursor, self._target(), self._shape(batch))
+                self.copy_batch(cursor, self._target(), self._shape(batch))
         except psycopg.Error as e:
             raise self._fail(e) from None
         self.rows += batch.num_rows

@@ -40,9 +40,8 @@ log = logging.getLogger("epochal.kafka.source")
 
 @functools.cache
 def arrow_schema() -> pa.Schema:
-    """The source's rows as Arrow batches (:data:`SCHEMA`). pyarrow is imported where
-    records are read: the Python processes Spark starts to plan a query or commit its writes
-    load this module, and importing pyarrow would cost each 0.1 s of CPU."""
+    """The source's rows as Arrow batches (:data:`SCHEMA`), built where records are read
+    (pyarrow imported there: docs/authors/connectors.md, "Where the code runs")."""
     import pyarrow as pa
 
     headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))

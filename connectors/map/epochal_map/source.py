@@ -26,9 +26,8 @@ CHUNK_ROWS = 10_000
 
 @functools.cache
 def arrow_schema() -> pa.Schema:
-    """The source's rows as Arrow batches. pyarrow is imported where rows are read: the
-    Python processes Spark starts to plan a query or commit its writes load this module, and
-    importing pyarrow would cost each 0.1 s of CPU."""
+    """The source's rows as Arrow batches, built where rows are read (pyarrow imported
+    there: docs/authors/connectors.md, "Where the code runs")."""
     import pyarrow as pa
 
     return pa.schema(
