@@ -141,6 +141,7 @@ def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
     ratios(
         output,
         "p99 epochal exactly-once / Spark Kafka → Spark Kafka (ALO) (target <= 1.2)",
+        "p99 fast path, in order → foreachBatch epochal (EO) / Spark Kafka → Spark Kafka (ALO)",
         "p99 epochal at-least-once / Spark Kafka → Spark Kafka (ALO)",
     )
 
