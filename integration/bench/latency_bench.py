@@ -252,7 +252,7 @@ class Latency:
                 .load()
                 .select("key", "value")
             )
-            if way == FB_IN_ORDER:
+            if way == FB_IN_ORDER:  # the writer's own options below: foreachBatch ignores them
                 import epochal
 
                 common = epochal_options(f"{self.workdir}/snap", "exactly-once", job)
@@ -260,13 +260,8 @@ class Latency:
                 write = epochal.foreach_batch(
                     "kafka", options={**common, **options, "mode": "transactional"}
                 )
-                return (
-                    rows.writeStream.foreachBatch(write)
-                    .option("checkpointLocation", f"{self.workdir}/cp-{job}")
-                    .trigger(processingTime=f"{trigger:g} seconds")
-                    .start()
-                )
-            if way == FAST_IN_ORDER:
+                writer = rows.writeStream.foreachBatch(write)
+            elif way == FAST_IN_ORDER:
                 common = epochal_options(f"{self.workdir}/snap", "exactly-once", job)
                 writer = rows.writeStream.format("epochal.kafka")
                 writer = writer.option("mode", "transactional").options(**common)

@@ -10,6 +10,8 @@ Every import counts: at module level, inside functions, under ``TYPE_CHECKING``,
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,9 +215,6 @@ def test_the_reference_connectors_import_without_pyarrow() -> None:
     imports without pyarrow: Spark's short-lived Python processes of a query (the data source
     lookup, create and commit workers) load them, and pyarrow costs each 0.1 s of CPU
     (docs/authors/connectors.md, "Where the code runs")."""
-    import subprocess
-    import sys
-
     script = f"""
 import importlib, pkgutil, sys
 loaded = []
