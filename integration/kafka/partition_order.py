@@ -21,6 +21,7 @@ The caller puts the formats' jars in ``spark.jars`` (``EPOCHAL_PROBE_JARS``, com
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -39,6 +40,14 @@ query when the call gives up."""
 ASKING_DEADLINE_S = 120
 """How long the stop check waits for the query to start asking the silent broker (seconds
 here; the test's limit on the whole probe is longer, so this one names what hung)."""
+STOP_TIMEOUT_MS = 60_000
+"""How long ``query.stop()`` waits for the query's thread (``spark.sql.streaming.stopTimeout``;
+Spark's default waits without end): a stop that hangs fails with the query's threads' stacks,
+within the test's limit on the whole probe."""
+
+STACKS_AFTER_S = 240
+"""When the probe prints its Python threads' stacks to stderr if it is still running (the
+test gives it 300 s): a probe that hangs elsewhere than in a stop says where."""
 
 PROVIDERS = {
     "kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
@@ -115,7 +124,13 @@ def _stopped_while_asking(spark: Any, fmt: str, topic: str) -> dict:
                     )
                 time.sleep(0.05)
             was_asking = query.isActive
-            query.stop()
+            try:
+                query.stop()
+            except Exception as exc:  # the stop timed out: say where the query's thread is
+                raise RuntimeError(
+                    f"stopping a {fmt} query that asked a silent broker did not end within "
+                    f"{STOP_TIMEOUT_MS} ms: {exc}\n{_stream_threads(spark)}"
+                ) from None
             error = query.exception()
             return {
                 "was_asking": was_asking,
@@ -126,14 +141,26 @@ def _stopped_while_asking(spark: Any, fmt: str, topic: str) -> dict:
         silent.close()
 
 
+def _stream_threads(spark: Any) -> str:
+    """The stacks of the driver JVM's stream execution threads."""
+    lines = []
+    for thread, frames in spark._jvm.java.lang.Thread.getAllStackTraces().items():
+        if "stream execution" in thread.getName():
+            lines.append(f"thread {thread.getName()} ({thread.getState()}):")
+            lines += [f"    at {frame}" for frame in list(frames)[:40]]
+    return "\n".join(lines) or "(no stream execution thread)"
+
+
 def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=False)
     bootstrap, topic, count, *formats = argv
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.jars", os.environ.get("EPOCHAL_PROBE_JARS", ""))
         .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stopTimeout", str(STOP_TIMEOUT_MS))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

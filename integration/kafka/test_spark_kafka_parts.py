@@ -232,19 +232,24 @@ def test_sparks_kafka_source_read_in_order_runs_exactly_once_straight_into_the_k
     assert "batches planned in order" in recorded.target["label"]
 
     probe_args = (kafka_server.bootstrap_servers, ordered.topic, "4", "kafka", ordered_kafka.FORMAT)
-    probe = subprocess.run(
-        [sys.executable, "-m", "integration.kafka.partition_order", *probe_args],
-        env={
-            **os.environ,
-            "EPOCHAL_PROBE_JARS": ",".join(ordered.jars),
-            "PYTHONPATH": str(ROOT),
-        },
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-m", "integration.kafka.partition_order", *probe_args],
+            env={
+                **os.environ,
+                "EPOCHAL_PROBE_JARS": ",".join(ordered.jars),
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:  # its stderr has its threads' stacks by then
+        raw = exc.stderr or b""
+        stderr = raw if isinstance(raw, str) else raw.decode(errors="replace")
+        pytest.fail(f"the order probe ran past 300 s; its stderr ends:\n{stderr[-6000:]}")
     lines = [json.loads(x) for x in probe.stdout.splitlines() if x.startswith("{")]
     formats = {line["format"]: line for line in lines}
     assert set(formats) == {"kafka", "kafka-ordered"}, probe.stderr[-3000:]
