@@ -108,9 +108,10 @@ class Job:
         self._start(report, pool=pool)
         return self
 
-    def verify(self) -> list[str]:
-        """Problems in the job's snapshot data (empty when sound)."""
-        return verify_job(self.jobdir)
+    def verify(self, full: bool = True) -> list[str]:
+        """Problems in the job's snapshot data (empty when sound): every entry is read
+        (``full=False``: only what a restart reads, as the supervisor does before one)."""
+        return verify_job(self.jobdir, full=full)
 
 
 def list_jobs(snapshot_dir: str = JobConfig.snapshot_dir) -> list[JobRecord]:

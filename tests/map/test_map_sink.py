@@ -159,6 +159,37 @@ def test_in_doubt_only_for_this_prefix(path: Path) -> None:
     assert found == [str(task().txn), str(task(partition=1).txn)]
 
 
+def test_settled_transactions_are_forgotten_after_their_retention(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file keeps the records of settled transactions (which refuse a zombie's late
+    prepare) for the newest batches only: their number is bounded however long a job runs;
+    a prepared (in-doubt) transaction is never forgotten."""
+    import epochal_map.sink as map_sink
+
+    monkeypatch.setattr(map_sink, "KEEP_SETTLED_BATCHES", 30)
+    s = sink(path, mode="transactional")
+    stranded = s.begin(task(batch_id=1, partition=2))
+    stranded.write(batch(key=["x"], value=["1"]))
+    stranded.prepare()
+    for number in range(200):
+        for partition in (0, 1):
+            txn = s.begin(task(batch_id=number, partition=partition))
+            txn.write(batch(key=[f"{number}-{partition}"], value=["v"]))
+            s.commit(Prepared(str(task(number, partition).txn), txn.prepare()))
+        with MapStore(path) as store:
+            rows = store._query("SELECT count(*) FROM txns")[0][0]
+        assert rows <= 2 * (30 + map_sink.PRUNE_EVERY) + 1
+    assert len(entries(path)) == 400
+    assert [p.transaction_id for p in s.in_doubt(RecoveryScope(task().transaction_prefix))] == [
+        str(task(batch_id=1, partition=2).txn)
+    ]
+    late = s.begin(task(batch_id=195, partition=0))  # a zombie of a recent, settled batch
+    late.write(batch(key=["z"], value=["late"]))
+    with pytest.raises(MapStoreError, match="already committed"):
+        late.prepare()
+
+
 # -- options and checks -------------------------------------------------------------------
 
 

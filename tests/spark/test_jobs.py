@@ -22,6 +22,8 @@ from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
 from epochal.parts import registry
 from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
+from epochal.state import retention
+from epochal.state.manifests import MANIFESTS, manifest_key
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
 from epochal_sdk import TransactionId
@@ -128,11 +130,21 @@ def test_suspend_resume_and_cancel(tmp_path: Path, map_path: str) -> None:
 
     with MapStore(map_path) as store:  # more data while suspended
         store.append_events("input", [(str(i), f"v{i}") for i in range(200, 300)])
+    # the manifests of a job 20 000 batches old, as an epochal before the retention left them
+    manifests = Path(job.jobdir.store.base) / MANIFESTS
+    newest = manifests / max(os.listdir(manifests))
+    for old in range(batch - 20_000, batch - retention.MANIFEST_BATCHES):
+        os.link(newest, manifests / manifest_key(old).rsplit("/", 1)[1])
     job.resume(report=lambda line: None)
     _wait(lambda: len(_output(map_path)) == 300, "the 100 records added while suspended")
+    assert _output(map_path) == {str(i): f"v{i}" for i in range(300)}
     # the sink's output lands inside the batch; the job record's progress only after it (a
     # listener event), so wait for it rather than read it at once
     _wait(lambda: job.status().progress.get("batch", -1) > batch, "a batch after the resume")
+    manifests = Path(job.jobdir.store.base) / MANIFESTS  # the resumed run's epoch
+    kept = sorted(int(name) for name in os.listdir(manifests))  # trimmed at the first batch
+    assert len(kept) <= retention.MANIFEST_BATCHES + retention.PRUNE_EVERY, len(kept)
+    assert kept[-1] >= batch
     job.cancel()
     record = job.join(120)
     assert record.status == JobStatus.CANCELLED

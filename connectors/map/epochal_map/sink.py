@@ -19,6 +19,7 @@ from epochal_sdk import (
     SchemaMismatchError,
     Transaction,
     TransactionalSink,
+    TransactionId,
 )
 
 if TYPE_CHECKING:
@@ -28,6 +29,12 @@ FLUSH_ROWS = 50_000
 """An idempotent writer writes its buffer once it holds this many records."""
 
 MODES = ("idempotent", "transactional")
+KEEP_SETTLED_BATCHES = 1000
+"""Batches for which the map's file keeps the records of settled transactions (a late prepare
+or commit of a zombie's id is refused while they are kept; the runtime completes no batch
+older than its decisions' retention, 100 batches)."""
+PRUNE_EVERY = 10
+"""Batches between two prunings of settled transactions' records."""
 
 
 def to_text(value: Any) -> str:
@@ -116,8 +123,13 @@ class MapSink(TransactionalSink, IdempotentSink):
         return {"path": self.target.path, "map": self.target.map}
 
     def commit(self, prepared: Prepared) -> None:
-        """Apply a prepared transaction (idempotent)."""
+        """Apply a prepared transaction (idempotent). Every :data:`PRUNE_EVERY` batches the
+        records of transactions settled more than :data:`KEEP_SETTLED_BATCHES` batches ago
+        are deleted: the file keeps a bounded number of them however long the job runs."""
         self.store.commit_staged(prepared.transaction_id)
+        txn = TransactionId.of(prepared.transaction_id)
+        if txn.batch % PRUNE_EVERY == 0 and txn.partition == 0:
+            self.store.forget_settled(txn.prefix + ".", txn.batch - KEEP_SETTLED_BATCHES)
 
     def rollback(self, prepared: Prepared) -> None:
         """Drop a prepared transaction (idempotent)."""

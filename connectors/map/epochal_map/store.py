@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochal_sdk import ConfigError, EpochalError, Options, RestartableError
+from epochal_sdk import ConfigError, EpochalError, Options, RestartableError, TransactionId
 
 BUSY_TIMEOUT_S = 60
 PATH_ENV = "EPOCHAL_MAP_PATH"
@@ -307,6 +307,27 @@ class MapStore:
         """``prepared``, ``committed``, ``rolled_back``, or None for an unknown id."""
         rows = self._query("SELECT state FROM txns WHERE txn_id = ?", txn_id)
         return rows[0][0] if rows else None
+
+    def forget_settled(self, prefix: str, before_batch: int) -> int:
+        """Delete the records of settled transactions of ``prefix`` whose batch is before
+        ``before_batch`` (ids in :class:`~epochal_sdk.TransactionId` form); returns how many.
+        A settled record refuses a zombie's late prepare or commit of its id: it is kept for
+        as long as the runtime may still complete a batch (its decisions' retention)."""
+        rows = self._query(
+            "SELECT txn_id FROM txns WHERE state != ? AND substr(txn_id, 1, ?) = ?",
+            PREPARED,
+            len(prefix),
+            prefix,
+        )
+        old = []
+        for (txn_id,) in rows:
+            txn = TransactionId.parse(txn_id)
+            if txn is not None and txn.batch < before_batch:
+                old.append((txn_id,))
+        if old:
+            with self._transaction() as conn:
+                conn.executemany("DELETE FROM txns WHERE txn_id = ? AND state != 'prepared'", old)
+        return len(old)
 
     def in_doubt(self, prefix: str) -> list[str]:
         """The ids of prepared, unsettled transactions that start with ``prefix``, sorted."""

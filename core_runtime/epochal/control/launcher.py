@@ -20,11 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
-from epochal.base import files, processes
+from epochal.base import files, logfiles, processes
+from epochal.base.logfiles import RotatingLog
 from epochal.control.messages import Promotion, read_event
 from epochal.startup.session import SessionProfile
+from epochal.state import retention
 from epochal.state.run_records import RUN_DIR_ENV, forget_run_record
 
 EventHandler = Callable[["DriverProcess", dict[str, Any]], None]
@@ -91,7 +93,8 @@ class DriverProcess:
         self.log_path = log_path
         files.makedirs(os.path.dirname(log_path))
         files.makedirs(run_dir)
-        self._log: IO[str] = files.open_private(log_path)  # closed in wait()
+        self._log = RotatingLog(log_path, retention.LOG_BYTES, retention.LOG_BACKUPS)
+        prune_driver_logs(os.path.dirname(log_path))
         role = ["--standby", *(["--keep-warm"] if keep_warm else [])]
         if not warm_up:
             role.append("--no-warm-up")
@@ -113,7 +116,7 @@ class DriverProcess:
             [sys.executable, "-m", "epochal.driver", "--launched", str(self.launched), *role],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self._log,
+            stderr=subprocess.PIPE,  # copied into the rotating log (the driver dies with us)
             text=True,
             start_new_session=True,
             env=env,
@@ -123,6 +126,10 @@ class DriverProcess:
         self.proc.stdin.flush()
         self._reader = threading.Thread(target=self._read, name="epochal-driver-out", daemon=True)
         self._reader.start()
+        self._errors = threading.Thread(
+            target=self._copy_errors, name="epochal-driver-err", daemon=True
+        )
+        self._errors.start()
 
     @property
     def pid(self) -> int:
@@ -133,8 +140,7 @@ class DriverProcess:
         for line in self.proc.stdout:
             event = read_event(line)
             if event is None:
-                with contextlib.suppress(ValueError):
-                    self._log.write(line)
+                self._log.write(line)
                 continue
             self._heartbeat = time.monotonic()
             kind = event.get("type", "progress")
@@ -144,6 +150,12 @@ class DriverProcess:
                 self.progressed.set()
             if kind != "heartbeat":
                 self.on_event(self, event)
+
+    def _copy_errors(self) -> None:
+        """The driver's standard error (its JVM's and Python workers' too) into its log."""
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._log.write(line)
 
     def heartbeat_age(self) -> float:
         """Seconds since the driver last said anything."""
@@ -189,7 +201,9 @@ class DriverProcess:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        joined_by = time.monotonic() + 5  # a process of the run still holding the pipes
         self._reader.join(5)
+        self._errors.join(max(0.0, joined_by - time.monotonic()))
         with contextlib.suppress(OSError):
             if self.proc.stdin:
                 self.proc.stdin.close()
@@ -211,6 +225,43 @@ class DriverProcess:
         with contextlib.suppress(TimeoutError):
             processes.kill_run(self.token, timeout=5.0)
         processes.remove_scratch(self.token)
+
+
+def prune_driver_logs(directory: str, keep: int = retention.DRIVER_LOGS) -> list[str]:
+    """Delete the logs of all but the ``keep`` newest drivers in ``directory`` (a log with its
+    rotated parts; a pool driver's link too); returns what was deleted."""
+    newest_first = sorted(
+        (
+            name
+            for name in _listdir(directory)
+            if name.startswith("driver-") and name.endswith(".log")
+        ),
+        key=lambda name: _mtime(os.path.join(directory, name)),
+        reverse=True,
+    )
+    deleted = []
+    for name in newest_first[keep:]:
+        for path in logfiles.parts(os.path.join(directory, name)) or [
+            os.path.join(directory, name)
+        ]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                deleted.append(path)
+    return deleted
+
+
+def _listdir(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 _DEFAULT_POOL: DriverPool | None = None

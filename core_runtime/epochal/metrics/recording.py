@@ -35,14 +35,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from epochal.base import files
+from epochal.state import retention
 
 log = logging.getLogger("epochal.metrics")
 
 PENDING = "pending"
 STATE = "state.json"
 TEXTFILE = "epochal.prom"
-KEEP_BATCHES = 20
-"""Batches of per-part detail kept in the state (for ``jobs status --json``)."""
 
 COUNTERS = {
     "records_in": "records read (a replayed batch's records count again)",
@@ -125,8 +124,42 @@ def report(
         with files.open_private(f"{name}.tmp") as fh:
             json.dump(entry, fh)
         os.replace(f"{name}.tmp", f"{name}.json")
+        global _driver_reports
+        _driver_reports += not task_side
+        due = batch is not None and retention.due(batch)
+        if not task_side and (due or _driver_reports % 50 == 1):
+            trim_pending(pending)
     except OSError as exc:
         log.debug("metrics of %s %s not reported: %s", kind, part_id, exc)
+
+
+_driver_reports = 0
+"""Reports this process made on the driver's side (planners, commit workers)."""
+
+
+def trim_pending(pending: str, keep: int = retention.PENDING_METRICS) -> int:
+    """Delete the oldest reports beyond ``keep`` in the pending directory ``pending``: a job
+    whose driver collects nothing (a plain session's query whose listener is not there)
+    must not fill its directory. Returns how many were deleted."""
+    names = [n for n in os.listdir(pending) if n.endswith(".json")]
+    if len(names) <= keep:
+        return 0
+    dated = []
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            dated.append((os.stat(f"{pending}/{name}").st_mtime, name))
+    dated.sort()
+    for _, name in dated[: len(dated) - keep]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{pending}/{name}")
+    log.warning(
+        "metrics: %s held %s reports nobody collected (no progress listener on the driver: "
+        "call epochal.register(spark)); kept the newest %s",
+        pending,
+        len(names),
+        keep,
+    )
+    return max(0, len(dated) - keep)
 
 
 @contextlib.contextmanager
@@ -212,7 +245,7 @@ def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int | None) -> No
         current = {"batch": at, "values": {}}
         batches.append(current)
         batches.sort(key=lambda b: -1 if b["batch"] is None else b["batch"])
-        del batches[:-KEEP_BATCHES]
+        del batches[: -retention.METRIC_BATCHES]
         if "batches" not in values and at is not None:
             values["batches"] = 1.0
     add(current["values"], values)

@@ -276,7 +276,7 @@ def jobs(args: argparse.Namespace) -> int:
         _refuse_spark_connect(jobdir.load().job_config.master)
         return _supervise(jobdir, force=args.force, args=args)
     if action == "verify":
-        problems = verify_job(jobdir)
+        problems = verify_job(jobdir, full=True)
         if problems:
             print(f"{args.name}: {len(problems)} problem(s):")
             for p in problems:

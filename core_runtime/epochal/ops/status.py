@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from epochal.ops.recovery import recoveries
+from epochal.state import retention
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 
 ORPHANED = "ORPHANED"
@@ -45,6 +46,7 @@ def job_status(jobdir: JobDirectory, record: JobRecord | None = None) -> dict[st
         "standby": standby_state(record.supervisor, now),
         "updated_ago_s": round(now - record.updated, 1),
         "metrics": _metrics(jobdir),
+        "retention": {b.record: f"{b.kept} {b.unit}" for b in retention.bounds()},
     }
     if lease:
         out["lease"] = {

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StructType
 
-from epochal.base import files, secrets
+from epochal.base import logfiles, secrets
 from epochal.base.processes import RUN_TOKEN_ENV
 from epochal.parts import registry
 from epochal.parts.effective import effective
@@ -28,6 +28,7 @@ from epochal.spark.query_fence import QueryFence
 from epochal.spark.session_progress import SessionQuery
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
+from epochal.state import retention
 from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV
 from epochal_sdk import AcknowledgingSource, ConfigError, ReplayableSource
@@ -257,9 +258,12 @@ def _trace(part: Part, message: str) -> None:
     directory = part.context.job_dir
     if not directory or "://" in directory:
         return
-    files.makedirs(f"{directory}/logs")
-    with files.open_private(f"{directory}/logs/protocol.log", "a") as fh:
-        fh.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {message}\n")
+    logfiles.append_line(
+        f"{directory}/logs/protocol.log",
+        f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {message}",
+        retention.LOG_BYTES,
+        retention.LOG_BACKUPS,
+    )
 
 
 def _planning_worker() -> bool:

@@ -19,6 +19,7 @@ from epochal.protocols import keys
 from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.spark.common import Part, SparkTask
+from epochal.state import retention
 from epochal_sdk import (
     ConfigError,
     ConnectorContext,
@@ -32,9 +33,6 @@ from epochal_sdk.sinks import Sink
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-KEEP_BATCHES = 100
-"""How many batches of sink records (decisions, key digests) the store keeps."""
 
 SINK_CONTRACTS: dict[str, type[Sink]] = {
     "transactional": TransactionalSink,
@@ -233,8 +231,8 @@ def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome 
                 protocol.decide(batch, prepared)
             with recording.timed(values, "commit"):
                 protocol.complete(batch)
-            if batch % 10 == 0:
-                protocol.prune(batch - KEEP_BATCHES)
+            if retention.due(batch):
+                protocol.prune(retention.oldest_kept(batch, retention.DECISION_BATCHES))
         else:  # tasks committed their own transactions; drop those of dead attempts
             protocol.rollback_strays(batch)
         recording.add(values, settled(protocol))
@@ -263,8 +261,9 @@ def abort_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome |
 def commit_idempotent(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """The driver's side of an idempotent sink's batch: the tasks' upserts are written
     already; forget old key digests now and then, and report the batch."""
-    if part.context.job_dir and batch % 10 == 0:
-        keys.prune(part.context.store(part.connector), part.part_id, batch - 10)
+    if part.context.job_dir and retention.due(batch):
+        oldest = retention.oldest_kept(batch, retention.KEY_DIGEST_BATCHES)
+        keys.prune(part.context.store(part.connector), part.part_id, oldest)
     part.report("sink", batch, collected(outcomes))
     part.context.reach("sink.after_commit", batch)
 

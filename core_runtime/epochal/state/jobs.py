@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epochal.config import JobConfig, check_snapshot_dir
+from epochal.state import retention
 from epochal.state.layout import (
     DRIVERS,
     EPOCHS,
@@ -45,9 +46,6 @@ from epochal_sdk import SnapshotError
 from epochal_sdk.ids import new_incarnation
 
 log = logging.getLogger("epochal.jobs")
-
-KEEP_RUNS = 30
-"""How many runs the job record keeps in its history."""
 
 
 class JobStatus(enum.StrEnum):
@@ -154,8 +152,9 @@ class JobRecord:
         return next((r for r in reversed(self.runs) if r.get("run") == run), None)
 
     def add_run(self, entry: dict[str, Any]) -> None:
-        """Append a run to the history (keeping the last :data:`KEEP_RUNS`)."""
-        self.runs = [*self.runs, entry][-KEEP_RUNS:]
+        """Append a run to the history (keeping the last :data:`~epochal.state.retention.
+        RUNS`)."""
+        self.runs = [*self.runs, entry][-retention.RUNS :]
 
 
 class JobDirectory:

@@ -3,10 +3,12 @@ missing-data detection).
 
 After each committed batch the driver records the checksums of Spark's offset and commit log
 entries of the batch in the run's snapshot store (:func:`record_manifest`, keys
-``checkpoint/<batch>``). Before a restart, :func:`verify_job` refuses to go on unless every
-snapshot entry matches its header (size, checksum), the checkpoint still holds the batches the
-job record says were committed, and the log entries of the last recorded batches match their
-manifests.
+``checkpoint/<batch>``), and keeps the newest :data:`~epochal.state.retention.MANIFEST_BATCHES`
+of them (:func:`trim_manifests`). Before a restart, :func:`verify_job` refuses to go on unless
+the snapshot entries the restart uses match their headers (size, checksum), the checkpoint
+still holds the batches the job record says were committed, and the log entries of the last
+recorded batches match their manifests. It reads what the restart needs, found by name, so its
+cost does not grow with the job's age; ``jobs verify`` can read every entry (``full``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from epochal.state import retention
 from epochal.state.checkpoint import Checkpoint
 from epochal.state.store import SnapshotStore
 from epochal_sdk import SnapshotError
@@ -26,6 +29,11 @@ MANIFESTS = "checkpoint"
 """The snapshot store's directory of checkpoint manifests (one entry per batch)."""
 LOGS = ("offsets", "commits")
 """The logs of Spark's checkpoint that the manifests cover."""
+COMPARED = 2
+"""How many of the newest manifests a restart compares with Spark's log entries."""
+
+_trimmed: set[str] = set()
+"""The stores whose manifests this process has trimmed once (at its first batch)."""
 
 
 def record_manifest(state: str, batch: int, fence: Fence, checkpoint_at: str | None = None) -> None:
@@ -44,15 +52,41 @@ def record_manifest(state: str, batch: int, fence: Fence, checkpoint_at: str | N
             entry[log_name] = hashlib.sha256(data).hexdigest()
     if entry:
         store = SnapshotStore(f"{state}/store", anchor=state if fence.active else None)
-        store.write_json(f"{MANIFESTS}/{batch:012d}", entry, count=len(entry))
+        store.write_json(manifest_key(batch), entry, count=len(entry))
+        if retention.due(batch, first=store.root not in _trimmed):
+            trim_manifests(store, batch)
+            _trimmed.add(store.root)
 
 
-def verify_job(jobdir: JobDirectory) -> list[str]:
-    """Problems found in the job's snapshot data (empty when it is sound)."""
+def manifest_key(batch: int) -> str:
+    """The store key of the manifest of ``batch``."""
+    return f"{MANIFESTS}/{batch:012d}"
+
+
+def trim_manifests(store: SnapshotStore, batch: int) -> int:
+    """Delete the manifests older than the newest :data:`~epochal.state.retention.
+    MANIFEST_BATCHES` at ``batch``; returns how many were deleted. A store written by an
+    older epochal, which kept every manifest, is trimmed the first time (one listing)."""
+    oldest = retention.oldest_kept(batch, retention.MANIFEST_BATCHES)
+    deleted = 0
+    for key in store.list(MANIFESTS):
+        if int(key.rsplit("/", 1)[1]) >= oldest:
+            break  # sorted: the rest are kept
+        store.delete(key)
+        deleted += 1
+    return deleted
+
+
+def verify_job(jobdir: JobDirectory, *, full: bool = False) -> list[str]:
+    """Problems found in the job's snapshot data (empty when it is sound).
+
+    What a restart uses is read: every entry of the store but the manifests (the connectors'
+    records, each kind bounded by its retention), and the manifests of the last
+    :data:`COMPARED` committed batches, by name. ``full`` reads every manifest too."""
     problems: list[str] = []
     store = jobdir.store
     try:
-        _, found = store.verify()
+        _, found = store.verify(skip=() if full else (MANIFESTS,))
         problems += found
     except SnapshotError as exc:
         problems.append(str(exc))
@@ -68,17 +102,30 @@ def verify_job(jobdir: JobDirectory) -> list[str]:
                 f"committed batch {batch}: the checkpoint was lost or moved"
             )
         else:
-            problems += _check_checkpoint_logs(jobdir, checkpoint)
+            problems += _check_checkpoint_logs(store, checkpoint, int(batch))
     return problems
 
 
-def _check_checkpoint_logs(jobdir: JobDirectory, checkpoint: Checkpoint) -> list[str]:
+def newest_manifests(store: SnapshotStore, batch: int) -> list[int]:
+    """The batches of the newest :data:`COMPARED` manifests up to ``batch + 1`` (``batch``:
+    the job record's last committed batch; the next one's manifest exists when its driver
+    stopped between writing it and the record), oldest first. Looked up by name, newest
+    first, at most the retention back: a batch whose log entries were not there to record has
+    none. The store's size does not change what this reads."""
+    found: list[int] = []
+    for candidate in range(batch + 1, max(batch - retention.MANIFEST_BATCHES, -1), -1):
+        if store.exists(manifest_key(candidate)):
+            found.append(candidate)
+            if len(found) == COMPARED:
+                break
+    return found[::-1]
+
+
+def _check_checkpoint_logs(store: SnapshotStore, checkpoint: Checkpoint, last: int) -> list[str]:
     problems = []
-    keys = jobdir.store.list(MANIFESTS)[-2:]
-    for key in keys:
-        batch = int(key.rsplit("/", 1)[1])
+    for batch in newest_manifests(store, last):
         try:
-            expected = jobdir.store.read_json(key)
+            expected = store.read_json(manifest_key(batch))
         except SnapshotError as exc:
             problems.append(str(exc))
             continue

@@ -364,9 +364,17 @@ class SnapshotStore:
         elif self._exists(path):
             self._remote().delete_dir(path)
 
-    def _files(self, prefix: str) -> builtins.list[str]:
-        """Paths of every file under ``prefix`` (recursively)."""
+    def _files(self, prefix: str, skip: tuple[str, ...] = ()) -> builtins.list[str]:
+        """Paths of every file under ``prefix`` (recursively), but those under the directories
+        ``skip`` names (directly under the store's root; they are not listed either)."""
         path = self._path(prefix)
+        if skip and not prefix:
+            names, directories = self._children("")
+            found = [self._path(name) for name in names]
+            for directory in directories:
+                if directory not in skip:
+                    found += self._files(directory)
+            return found
         if self.objects is not None:
             return [f"{self.objects.bucket}/{k}" for k in self.objects.walk(self._key(path))]
         if self.local:
@@ -381,10 +389,21 @@ class SnapshotStore:
         files = self._remote().get_file_info(selector)
         return [i.path for i in files if i.type == pafs.FileType.File]
 
-    def verify(self, prefix: str = "") -> tuple[int, builtins.list[str]]:
-        """Check every entry under ``prefix``; return (entries checked, problems found)."""
+    def _children(self, prefix: str) -> tuple[builtins.list[str], builtins.list[str]]:
+        """The names of the files and of the directories directly under ``prefix``."""
+        if self.objects is not None:
+            names, directories = self.objects.children(self._key(self._path(prefix)))
+            return sorted(n for n in names if _TMP not in n), sorted(directories)
+        directories = self.list_dirs(prefix)
+        return [key.rsplit("/", 1)[1] for key in self.list(prefix)], directories
+
+    def verify(
+        self, prefix: str = "", skip: tuple[str, ...] = ()
+    ) -> tuple[int, builtins.list[str]]:
+        """Check every entry under ``prefix`` (but those under the top directories ``skip``
+        names); return (entries checked, problems found)."""
         checked, problems = 0, []
-        for path in self._files(prefix):
+        for path in self._files(prefix, skip):
             if _TMP in path:
                 continue
             key = path[len(self.base) + 1 :]

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from epochal.base import files, processes
+from epochal.base import files, logfiles, processes
+from epochal.state import retention
 from epochal.state.layout import JobLayout
 from epochal.state.lease.record import LEASE_TTL
 from epochal_sdk import EpochalError, Guarantee
@@ -131,6 +132,7 @@ def hold(
             return _holding(_claimed(layout, path, found) if query_start else found)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        prune_ended_sessions(layout)
         keeper = _start_keeper(layout, driver, guarantee, ttl, path)
         deadline = time.monotonic() + ttl + START_GRACE_SECONDS
         while time.monotonic() < deadline:
@@ -171,6 +173,32 @@ def query_stop_bound(ttl: float) -> float:
     keeper gives up after half a TTL unrenewed, so the query is stopped, or the JVM killed,
     within three quarters of the TTL after the last renewal, before the lease can lapse."""
     return ttl / QUERY_STOP_FRACTION
+
+
+def prune_ended_sessions(layout: JobLayout, keep: int = retention.DRIVER_RECORDS) -> list[str]:
+    """Delete the session records (with their lock files and keeper logs) of all but the
+    ``keep`` newest drivers of this machine that ended; a live driver's are never deleted.
+    Returns the records deleted."""
+    host = socket.gethostname()
+    ended = []
+    for name in os.listdir(layout.sessions) if os.path.isdir(layout.sessions) else []:
+        head, _, tail = name.removesuffix(".json").rpartition("-")
+        record_host, _, pid = head.rpartition("-")
+        if not name.endswith(".json") or record_host != host or not (pid + tail).isdigit():
+            continue
+        if not DriverJvm(int(pid), int(tail)).alive:
+            ended.append((os.path.join(layout.sessions, name), pid))
+    deleted = logfiles.keep_newest([path for path, _ in ended], keep)
+    for path, pid in ended:
+        if path not in deleted:
+            continue
+        leftovers = [path + ".lock"]
+        if not processes.alive(int(pid)):  # a live process of that pid may write the log now
+            leftovers += logfiles.parts(f"{layout.logs}/session-{pid}.log")
+        for leftover in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+    return deleted
 
 
 def record_path(layout: JobLayout, driver: DriverJvm) -> str:
