@@ -152,6 +152,20 @@ def test_data_loss_fails_clearly_or_is_skipped_and_counted(
     assert [int(v) for v in values] == list(range(10, 20))
     assert "skipping 10 lost record(s)" in caplog.text
 
+    # one task reading two partitions together, one of them with deleted records
+    both = make_topic(2)
+    produce_ids(kafka_server.bootstrap_servers, both, list(range(40)), 2, aborted=False)
+    tp = TopicPartition(both, 1, 6)
+    kafka_server.admin().delete_records([tp])[tp].result(30)
+    pids = [partition_id(both, 0), partition_id(both, 1)]
+    lenient = _source(kafka_server, subscribe=both, failOnDataLoss="false")
+    ends = lenient.latest_offsets(pids)
+    splits = [Split(p, 0, ends[p]) for p in pids]
+    read = [int(v) for b in lenient.read_splits(splits) for v in b.column("value").to_pylist()]
+    assert sorted(read) == [i for i in range(40) if i % 2 == 0 or i >= 12]
+    with pytest.raises(DataLossError, match=r"failOnDataLoss"):
+        list(_source(kafka_server, subscribe=both).read_splits(splits))
+
 
 def test_bad_options_and_missing_topics_give_clear_errors(
     kafka_server: KafkaServer, make_topic: Any

@@ -15,8 +15,10 @@ nothing in memory survives from one process to the next):
   calls :meth:`~epochal_sdk.sources.Source.close` when the query stops. A crash or a restart ends
   the process (without ``close``); the next run starts a new one.
 * **a task on an executor** (replayable sources only): a new source object per task, whose
-  :meth:`~epochal_sdk.ReplayableSource.read` reads one split and whose ``close`` is called
-  right after. An acknowledging source is never built in a task: tasks read the stored batch.
+  :meth:`~epochal_sdk.ReplayableSource.read` reads the task's split (or whose
+  :meth:`~epochal_sdk.ReplayableSource.read_splits` reads its splits, when the runtime gave it
+  several small ones) and whose ``close`` is called right after. An acknowledging source is
+  never built in a task: tasks read the stored batch.
 * **the driver's planner**: builds a short-lived source object to ask for
   :meth:`~epochal_sdk.sources.Source.schema` when a query is defined.
 """
@@ -43,6 +45,12 @@ strings or lists of them, never floats or objects."""
 
 Offsets = dict[str, Offset]
 """Positions by partition id. Stored in Spark's offset log, i.e. in the snapshot."""
+
+MIN_RECORDS_PER_TASK = 50_000
+"""The default of :meth:`~epochal_sdk.ReplayableSource.min_records_per_task`: a Python
+task's fixed cost is tens of milliseconds, its reading some 100 000 records a second, so a task
+of this many keeps that cost under a fifth of the task while a batch of 100 000 records over 2
+partitions still gets 2 tasks."""
 
 Rows = Iterator["tuple[Any, ...] | dict[str, Any] | pyarrow.RecordBatch"]
 """What ``read`` yields: tuples in the order of :meth:`~epochal_sdk.sources.Source.schema`'s
@@ -176,7 +184,8 @@ class ReplayableSource(Source):
     a read limit, :meth:`limit`, at every trigger (also when nothing new arrived: that is how
     the runtime learns there is no batch to run); when the end differs from the start, the
     batch's offsets are written to the snapshot and :meth:`splits` divides the range into
-    tasks; each task calls :meth:`read` on a new object. After a crash, the batches that were
+    tasks (several small splits share a task: :meth:`min_records_per_task`); each task calls
+    :meth:`read` (or :meth:`read_splits`) on a new object. After a crash, the batches that were
     planned but not committed are planned again from the offsets in the snapshot and read
     again: the same :class:`Split` ranges, so ``read`` must give the same records.
 
@@ -323,6 +332,42 @@ class ReplayableSource(Source):
         return [
             Split(p, start[p], end[p]) for p in sorted(end) if p in start and start[p] != end[p]
         ]
+
+    def min_records_per_task(self) -> int:
+        """How many records a Spark task should read at least: the runtime gives one task
+        several small splits of a batch (:meth:`read_splits`) until it holds this many, so
+        that a batch over many partitions pays a task's fixed cost (a Python worker's hand-off,
+        a connection, a sink's transaction) a few times, not once per partition. 0 keeps one
+        task per split.
+
+        Called in the driver's source runner when it plans a batch; the number of tasks it
+        gives a batch is kept in the batch's offsets, so a replay reads the same splits
+        together. The default reads the ``minRecordsPerTask`` option
+        (:data:`~epochal_sdk.sources.MIN_RECORDS_PER_TASK` when it is not given); it counts
+        records as the offsets' differences, so a source whose offsets are not integers that
+        count records is never grouped.
+
+        Returns:
+            The least records per task (0: one task per split).
+        """
+        return self.options.int("minRecordsPerTask", MIN_RECORDS_PER_TASK, minimum=0) or 0
+
+    def read_splits(self, splits: Sequence[Split]) -> Rows:
+        """Yield the records of several splits of one batch that one task reads (see
+        :meth:`min_records_per_task`): by default :meth:`read` of each, in turn, on this
+        object. Override to read them together (one connection, one request for all); each
+        split's records must still come in order, and be exactly those :meth:`read` gives.
+
+        Called in a task instead of :meth:`read` when the task has more than one split.
+
+        Args:
+            splits: the task's splits (of different partitions, in partition order).
+
+        Returns:
+            An iterator of rows (:data:`~epochal_sdk.sources.Rows`).
+        """
+        for split in splits:
+            yield from self.read(split)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,15 @@ class StartExclusiveSource(MapJournalSource):
             yield to_batch(partition, events)
 
 
+class GroupedReadSource(MapJournalSource):
+    """read_splits reads the first split of a task given several and skips the rest (a
+    batching read that keeps only its first request): the other small partitions of the
+    batch are never read (records lost)."""
+
+    def read_splits(self, splits: Sequence[Split]) -> Iterator[pa.RecordBatch]:
+        yield from self.read(splits[0])
+
+
 class ReadTimeSource(MapJournalSource):
     """read stamps each row with the time of the read instead of the event's: a replay is a
     different batch (exactly-once broken for windows, joins and dedupe by row)."""
@@ -425,6 +434,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-end-inclusive": ("replayable", EndInclusiveSource),
     "mutant-map-start-exclusive": ("replayable", StartExclusiveSource),
     "mutant-map-read-time": ("replayable", ReadTimeSource),
+    "mutant-map-grouped-read": ("replayable", GroupedReadSource),
     "mutant-testqueue-ack-on-receipt": ("acknowledging", AckOnReceiptSource),
     "mutant-testqueue-drop-redelivered": ("acknowledging", DropRedeliveredSource),
     "mutant-testqueue-session-ids": ("acknowledging", SessionIdSource),

@@ -13,7 +13,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.spark.common import Part
-from epochal.spark.sources import ReplayableReader
+from epochal.spark.sources import TASKS_KEY, ReplayableReader, group_splits
+from epochal_sdk import Split
 
 SCHEMA = StructType([StructField("partition", StringType()), StructField("i", LongType())])
 
@@ -61,6 +62,7 @@ def test_the_read_limit_caps_a_batch_and_replays_read_the_same(growing: Path) ->
     start = reader.initialOffset()
     assert reader.getDefaultReadLimit() == ReadAllAvailable()
     end = reader.latestOffset(start, ReadMaxRows(6))
+    assert end.pop(TASKS_KEY) == 1  # 6 records: both partitions in one task
     assert sum(end.values()) - sum(start.values()) == 6
     assert _rows(reader, start, end) == _rows(reader, start, end)
     assert len(_rows(reader, start, end)) == 6
@@ -105,3 +107,60 @@ def test_without_admission_control_a_restarted_reader_reads_what_is_there(
     end = reader.latestOffset()
     assert end == {"0": 7, "1": 3}
     assert _rows(reader, {"0": 5}, end) == [("0", 5), ("0", 6), ("1", 0), ("1", 1), ("1", 2)]
+
+
+# -- small splits share tasks (ReplayableSource.min_records_per_task) -------------------------
+
+
+def test_a_batch_over_many_small_partitions_gets_few_tasks_and_a_replay_the_same_ones(
+    growing: Path,
+) -> None:
+    sizes = {f"p{n:02d}": 40 + n for n in range(32)}  # 32 partitions, 1 904 records
+    growing.write_text(json.dumps(sizes))
+    part = Part("growing", {"path": str(growing), "minRecordsPerTask": "500"}, "g", JobContext())
+    reader = ReplayableReader(part, SCHEMA)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {**sizes, TASKS_KEY: 4}  # ceil(1 904 / 500), kept in Spark's offset log
+    tasks = reader.partitions(start, end)
+    assert len(tasks) == 4
+    groups = [[s.partition for s in task.splits] for task in tasks]  # type: ignore[attr-defined]
+    assert [p for group in groups for p in group] == sorted(sizes)  # neighbours, in order
+    assert all(6 <= len(group) <= 10 for group in groups)  # balanced by size
+    rows = [row for task in tasks for row in reader.read(task)]
+    assert sorted(rows) == sorted((p, i) for p, n in sizes.items() for i in range(n))
+
+    # a replay after a restart, whatever the option says now, reads the same tasks
+    changed = Part("growing", {"path": str(growing), "minRecordsPerTask": "0"}, "g", JobContext())
+    replay = ReplayableReader(changed, SCHEMA)
+    again = replay.partitions(start, end)
+    assert [[s.partition for s in t.splits] for t in again] == groups  # type: ignore[attr-defined]
+    assert [row for task in again for row in replay.read(task)] == rows
+    # nothing new: Spark's offsets stay exactly as they are (no empty batch)
+    assert reader.latestOffset(end, ReadAllAvailable()) == end
+    # the next batch is planned with the option as it is now: one task per split
+    growing.write_text(json.dumps({p: n + 1 for p, n in sizes.items()}))
+    assert TASKS_KEY not in replay.latestOffset(end, ReadAllAvailable())
+
+
+def test_large_splits_keep_a_task_each_and_a_batch_planned_without_the_count_too(
+    growing: Path,
+) -> None:
+    growing.write_text(json.dumps({"0": 600, "1": 600}))
+    part = Part("growing", {"path": str(growing), "minRecordsPerTask": "500"}, "g", JobContext())
+    reader = ReplayableReader(part, SCHEMA)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"0": 600, "1": 600}  # 2 tasks of 600: as many as partitions, no count
+    assert len(reader.partitions(start, end)) == 2
+    sizes = {str(n): 3 for n in range(8)}
+    assert len(reader.partitions({p: 0 for p in sizes}, sizes)) == 8  # planned before groups
+
+
+def test_groups_are_balanced_by_size_and_never_empty() -> None:
+    splits = [Split(str(n), 0, size) for n, size in enumerate([1000, 1, 1, 1, 1000, 1])]
+    groups = group_splits(splits, 2)
+    assert [[s.partition for s in g] for g in groups] == [["0", "1", "2"], ["3", "4", "5"]]
+    assert group_splits(splits, 40) == [(s,) for s in splits]
+    assert group_splits(splits, None) == [(s,) for s in splits]
+    assert all(group_splits(splits, n) for n in range(1, 7))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -348,151 +349,228 @@ class KafkaSource(ReplayableSource):
             }
         )
 
+    def min_records_per_task(self) -> int:
+        """``minRecordsPerTask`` (the SDK's default), or 0 when ``minPartitions`` cuts large
+        ranges into more tasks: those splits are never put back together."""
+        return 0 if self.min_partitions else super().min_records_per_task()
+
     def read(self, split: Split) -> Iterator[pa.RecordBatch]:
-        """The records of ``[start, end)`` of one partition: assign at ``start`` and consume
-        until the position reaches ``end`` (control records and aborted records are skipped
-        by the client, so the position can jump over offsets)."""
-        topic, number = parse_partition_id(split.partition)
-        start, end = int(split.start), int(split.end)
+        """The records of ``[start, end)`` of one partition (:meth:`read_splits`)."""
+        return self.read_splits([split])
+
+    def read_splits(self, splits: Sequence[Split]) -> Iterator[pa.RecordBatch]:
+        """The records of the splits' ranges ``[start, end)``, read together by one consumer
+        assigned to every partition at its start, until each partition's position reaches its
+        end (control records and aborted records are skipped by the client, so a position can
+        jump over offsets). Each Arrow batch holds records of one partition, in order.
+        Splits of one partition (``minPartitions``) are read one after the other."""
+        ranges = [(*parse_partition_id(s.partition), int(s.start), int(s.end)) for s in splits]
+        if len({(topic, number) for topic, number, _, _ in ranges}) < len(ranges):
+            for one in ranges:
+                yield from self._read_ranges([one])
+            return
+        yield from self._read_ranges(ranges)
+
+    def _read_ranges(self, ranges: list[tuple[str, int, int, int]]) -> Iterator[pa.RecordBatch]:
+        ranges = [r for r in ranges if r[2] < r[3]]
+        if not ranges:
+            return
         consumer = self._consumer()
         try:
-            start = self._first_offset(consumer, topic, number, start, end)
-            if start >= end:
-                return
-            yield from _consume(
-                consumer, topic, number, start, end, self.read_timeout, self._on_read_error
-            )
+            yield from _Reading(self, consumer, ranges).batches()
         finally:
             consumer.close()
 
-    def _first_offset(
-        self, consumer: Consumer, topic: str, number: int, start: int, end: int
-    ) -> int:
-        """``start``, or the log start offset when retention removed records before it."""
+    def log_start(self, consumer: Consumer, topic: str, number: int) -> int | None:
+        """The first offset the broker still has of ``topic:number`` (None: the partition is
+        gone), asked when a read found its position out of range."""
         deadline = time.monotonic() + self.read_timeout
         while True:
             try:
                 low, _ = consumer.get_watermark_offsets(
                     TopicPartition(topic, number), timeout=self.metadata_timeout, cached=False
                 )
-                break
+                return int(low)
             except KafkaException as exc:
                 error = kafka_error(exc)
-                gone = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
-                if error.code() in gone:
-                    self._data_loss(f"partition {topic}:{number} is gone", end - start)
-                    return end
+                if error.code() in GONE:
+                    return None
                 if not is_transient(error) or time.monotonic() > deadline:
                     raise RestartableError(
                         f"kafka source: {topic}:{number}: querying offsets failed: {error}"
                     ) from None
                 time.sleep(0.5)  # a leader election or a broker restart: ask again
-        if low > start:
-            self._data_loss(
-                f"{topic}:{number}: offsets {start}..{min(low, end) - 1} were deleted "
-                f"(the log now starts at {low})",
-                min(low, end) - start,
-            )
-            return min(low, end)
-        return start
-
-    def _on_read_error(
-        self, topic: str, number: int, error: KafkaError, position: int, end: int
-    ) -> int:
-        """Handle an error event while reading; returns where to continue (``end`` = stop)."""
-        if error.code() == KafkaError._AUTO_OFFSET_RESET:
-            self._data_loss(
-                f"{topic}:{number}: offset {position} went out of range while reading",
-                end - position,
-            )
-            return end
-        if is_transient(error):
-            return position
-        raise RuntimeError(f"kafka source: reading {topic}:{number} failed: {error}")
 
 
-def _consume(
-    consumer: Consumer,
-    topic: str,
-    number: int,
-    start: int,
-    end: int,
-    stall_timeout: float,
-    on_error: Any,
-) -> Iterator[pa.RecordBatch]:
-    """Consume ``[start, end)`` of one partition as Arrow batches."""
-    tp = TopicPartition(topic, number, start)
-    consumer.assign([tp])
-    keys: list[Any] = []
-    values: list[Any] = []
-    offsets: list[int] = []
-    times: list[int] = []
-    types: list[int] = []
-    headers: list[Any] = []
-    position = start
-    last_progress = time.monotonic()
-    done = False
-    while not done:
-        before = position
-        # ask for no more than the range still holds: consume() returns once it has that
-        # many (else only at its timeout, which every small batch would wait out)
-        wanted = max(1, min(CHUNK_ROWS, 10_000, end - position))
-        messages = consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT)
-        if (
-            messages
-            and messages[-1].offset() < end
-            and not any(m.error() is not None for m in messages)
-        ):  # the common case, in bulk: records only, all inside the range
-            keys += [m.key() for m in messages]
-            values += [m.value() for m in messages]
-            offsets += [m.offset() for m in messages]
-            stamps = [m.timestamp() for m in messages]
-            types += [s[0] for s in stamps]
-            times += [s[1] for s in stamps]
-            headers += [m.headers() for m in messages]
-            position = offsets[-1] + 1
-            messages = []
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= end:
-                        done = True
-                        break
-                    continue
-                resume = on_error(topic, number, error, position, end)
-                if resume >= end:
-                    done = True
-                    break
-                continue
-            offset = message.offset()
-            if offset >= end:
-                done = True
+GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
+"""Errors that say a partition no longer exists."""
+
+
+class _Partition:
+    """One partition being read: where it is, where it ends, its records so far."""
+
+    def __init__(self, topic: str, number: int, start: int, end: int) -> None:
+        self.topic, self.number, self.position, self.end = topic, number, start, end
+        self.done = False
+        self.keys: list[Any] = []
+        self.values: list[Any] = []
+        self.offsets: list[int] = []
+        self.times: list[int] = []
+        self.types: list[int] = []
+        self.headers: list[Any] = []
+
+    def add(self, message: Any) -> None:
+        kind, stamp = message.timestamp()
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        self.offsets.append(message.offset())
+        self.times.append(stamp)
+        self.types.append(kind)
+        self.headers.append(message.headers())
+
+    def take(self) -> pa.RecordBatch:
+        """The records so far as an Arrow batch (and forget them)."""
+        batch = _to_batch(
+            self.topic,
+            self.number,
+            self.keys,
+            self.values,
+            self.offsets,
+            self.times,
+            self.types,
+            self.headers,
+        )
+        self.keys, self.values, self.offsets = [], [], []
+        self.times, self.types, self.headers = [], [], []
+        return batch
+
+
+class _Reading:
+    """One task's read of its partitions' ranges with one consumer."""
+
+    def __init__(
+        self, source: KafkaSource, consumer: Consumer, ranges: list[tuple[str, int, int, int]]
+    ) -> None:
+        self.source, self.consumer = source, consumer
+        self.parts = {(t, n): _Partition(t, n, s, e) for t, n, s, e in ranges}
+        self.pending = dict(self.parts)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        self.consumer.assign(
+            [TopicPartition(p.topic, p.number, p.position) for p in self.parts.values()]
+        )
+        last_progress = time.monotonic()
+        while self.pending:
+            before = sum(p.position for p in self.pending.values())
+            # ask for no more than the ranges still hold: consume() returns once it has that
+            # many (else only at its timeout, which every small batch would wait out)
+            left = sum(p.end - p.position for p in self.pending.values())
+            wanted = max(1, min(CHUNK_ROWS, 10_000, left))
+            for message in self.consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT):
+                self._take(message)
+            self._check_positions()
+            for part in self.parts.values():
+                if len(part.offsets) >= CHUNK_ROWS or (part.done and part.offsets):
+                    yield part.take()
+            if not self.pending:
                 break
-            kind, stamp = message.timestamp()
-            keys.append(message.key())
-            values.append(message.value())
-            offsets.append(offset)
-            times.append(stamp)
-            types.append(kind)
-            headers.append(message.headers())
-            position = offset + 1
-        if not done:
-            # the client's position passes control and aborted records it skipped, so it
-            # reaches ``end`` when the range ends in a transaction marker
-            current = consumer.position([TopicPartition(topic, number)])[0].offset
-            if position >= end or current >= end:
-                done = True
-            elif position != before:
+            if sum(p.position for p in self.pending.values()) != before:
                 last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > stall_timeout:
+            elif time.monotonic() - last_progress > self.source.read_timeout:
+                stuck = next(iter(self.pending.values()))
                 raise RestartableError(
-                    f"kafka source: {topic}:{number}: no progress for {stall_timeout:g}s at "
-                    f"offset {max(position, current)} (reading up to {end}); broker down?"
+                    f"kafka source: {stuck.topic}:{stuck.number}: no progress for "
+                    f"{self.source.read_timeout:g}s at offset {stuck.position} (reading up to "
+                    f"{stuck.end}); broker down?"
                 )
-        if len(offsets) >= CHUNK_ROWS or (done and offsets):
-            yield _to_batch(topic, number, keys, values, offsets, times, types, headers)
-            keys, values, offsets, times, types, headers = [], [], [], [], [], []
+
+    def _finish(self, part: _Partition) -> None:
+        part.done = True
+        self.pending.pop((part.topic, part.number), None)
+        if self.pending:  # no more fetching for it while the others are read
+            with contextlib.suppress(KafkaException):
+                self.consumer.pause([TopicPartition(part.topic, part.number)])
+
+    def _take(self, message: Any) -> None:
+        part = self.pending.get((message.topic(), message.partition()))
+        error = message.error()
+        if error is not None:
+            if part is None:
+                if error.code() != KafkaError._PARTITION_EOF and not is_transient(error):
+                    self._fail(message, error)
+                return
+            if error.code() == KafkaError._PARTITION_EOF:
+                if message.offset() >= part.end:
+                    self._finish(part)
+                return
+            self._on_error(part, error)
+            return
+        if part is None:
+            return  # fetched before its range was done
+        offset = message.offset()
+        if offset >= part.end:
+            self._finish(part)
+            return
+        part.add(message)
+        part.position = offset + 1
+        if part.position >= part.end:
+            self._finish(part)
+
+    def _check_positions(self) -> None:
+        """The client's position passes control and aborted records it skipped, so it
+        reaches a range's end when the range ends in a transaction marker."""
+        if not self.pending:
+            return
+        asked = [TopicPartition(p.topic, p.number) for p in self.pending.values()]
+        for found in self.consumer.position(asked):
+            part = self.pending.get((found.topic, found.partition))
+            if part is not None and found.offset is not None and found.offset >= part.end:
+                self._finish(part)
+
+    def _on_error(self, part: _Partition, error: KafkaError) -> None:
+        """An error event while reading ``part``."""
+        source = self.source
+        if error.code() == KafkaError._AUTO_OFFSET_RESET or error.code() in GONE:
+            low = (
+                None
+                if error.code() in GONE
+                else source.log_start(self.consumer, part.topic, part.number)
+            )
+            name = f"{part.topic}:{part.number}"
+            if low is None:
+                source._data_loss(f"partition {name} is gone", part.end - part.position)
+                self._finish(part)
+                return
+            if low <= part.position:  # a reset without a loss: read on from where it was
+                self._reassign()
+                return
+            lost = min(low, part.end) - part.position
+            source._data_loss(
+                f"{name}: offsets {part.position}..{min(low, part.end) - 1} were deleted "
+                f"(the log now starts at {low})",
+                lost,
+            )
+            part.position = min(low, part.end)
+            if part.position >= part.end:
+                self._finish(part)
+            else:
+                self._reassign()
+            return
+        if is_transient(error):
+            return
+        raise RuntimeError(f"kafka source: reading {part.topic}:{part.number} failed: {error}")
+
+    def _reassign(self) -> None:
+        """Assign the partitions still read again, each at its position: after an offset
+        reset error the client refuses a seek of that partition (an erroneous state)."""
+        self.consumer.assign(
+            [TopicPartition(p.topic, p.number, p.position) for p in self.pending.values()]
+        )
+
+    def _fail(self, message: Any, error: KafkaError) -> None:
+        raise RuntimeError(
+            f"kafka source: reading {message.topic()}:{message.partition()} failed: {error}"
+        )
 
 
 def _to_batch(

@@ -269,13 +269,13 @@ uses (an ``epochal.*`` option not in it is refused with a "did you mean")."""
 PART_OPTIONS = frozenset({"guarantee"})
 """Options the runtime reads from every source and sink (``guarantee``: lower the part's)."""
 CONTRACT_OPTIONS: dict[type, frozenset[str]] = {
-    ReplayableSource: frozenset({"maxRecordsPerBatch"}),
+    ReplayableSource: frozenset({"maxRecordsPerBatch", "minRecordsPerTask"}),
     AcknowledgingSource: frozenset(
         {"maxRecordsPerBatch", "receiveTimeoutMs", "dedupeWindowBatches", "dedupeWindowIds"}
     ),
 }
-"""Options the runtime reads from a source of each contract (admission control, the
-acknowledging source's receive timeout and dedupe window)."""
+"""Options the runtime reads from a source of each contract (admission control, a replayable
+source's tasks per batch, the acknowledging source's receive timeout and dedupe window)."""
 
 
 def check_runtime_options(options: Mapping[str, str]) -> None:

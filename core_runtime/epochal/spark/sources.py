@@ -27,12 +27,72 @@ else:  # SupportsTriggerAvailableNow where pyspark has it (epochal.spark.feature
     _AvailableNow = features.trigger_available_now_base()
 
 
-class SplitPartition(InputPartition):
-    """One task of a replayable source: a split and the batch it belongs to."""
+TASKS_KEY = "epochal.tasks"
+"""In a replayable source's end offsets (Spark's offset log): how many tasks read the batch,
+when small splits share tasks (:meth:`~epochal_sdk.ReplayableSource.min_records_per_task`).
+A replay groups the batch's splits by it again, so every task reads what it read the first
+time; a batch planned without it reads one split per task."""
 
-    def __init__(self, split: Split) -> None:
-        super().__init__((split.partition, split.start, split.end))
-        self.split = split
+
+class SplitPartition(InputPartition):
+    """One task of a replayable source: the splits it reads (one, or several small ones)."""
+
+    def __init__(self, splits: tuple[Split, ...]) -> None:
+        super().__init__(tuple((s.partition, s.start, s.end) for s in splits))
+        self.splits = splits
+
+
+def task_count(source: ReplayableSource, start: dict, end: dict) -> int | None:
+    """How many tasks a batch from ``start`` to ``end`` gets: enough for each to hold the
+    source's :meth:`~epochal_sdk.ReplayableSource.min_records_per_task` records; None (one
+    task per split) when the source asks for none, its offsets do not count records or every
+    partition with data has enough for a task of its own."""
+    least = source.min_records_per_task()
+    if not least:
+        return None
+    total, with_data = 0, 0
+    for partition, offset in end.items():
+        if partition in start:
+            try:
+                records = max(0, int(offset) - int(start[partition]))
+            except (TypeError, ValueError):
+                return None
+            total += records
+            with_data += records > 0
+    tasks = max(1, -(-total // least))
+    return tasks if tasks < with_data else None
+
+
+def group_splits(splits: list[Split], tasks: int | None) -> list[tuple[Split, ...]]:
+    """The splits of a batch in ``tasks`` groups (None: one each), each a run of neighbours
+    in the splits' order, balanced by their sizes (integer offsets; unknown sizes count one):
+    a split goes to the group its middle record falls in. The same splits and count give the
+    same groups, on any machine and release: replays depend on it."""
+    if not tasks or tasks >= len(splits):
+        return [(split,) for split in splits]
+    sizes = [_size(split) for split in splits]
+    total = sum(sizes)
+    groups: list[list[Split]] = [[] for _ in range(tasks)]
+    before = 0
+    for split, size in zip(splits, sizes, strict=True):
+        middle = before + size / 2
+        groups[min(tasks - 1, int(middle * tasks / total))].append(split)
+        before += size
+    return [tuple(group) for group in groups if group]
+
+
+def _size(split: Split) -> int:
+    try:
+        return max(1, int(split.end) - int(split.start))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _offsets(offsets: dict | None) -> dict | None:
+    """A source's offsets without the runtime's own entry (:data:`TASKS_KEY`)."""
+    if offsets is None or TASKS_KEY not in offsets:
+        return offsets
+    return {p: o for p, o in offsets.items() if p != TASKS_KEY}
 
 
 class ReplayableReader(DataSourceStreamReader, _AvailableNow):
@@ -76,15 +136,23 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         """The end of the next batch. Spark passes the batch's start and a read limit when it
         has admission control for Python sources (:data:`features.ADMISSION_CONTROL`);
-        without it, it calls this without them and the batch reads everything available."""
+        without it, it calls this without them and the batch reads everything available.
+        A batch to run gets its number of tasks in its end (:data:`TASKS_KEY`)."""
         started = time.perf_counter()
+        given = start
         with protocol_step(self.part, None, "plan the next batch (latest offsets)"):
             if start is None:
                 start = self._planned
                 latest = self._latest_without_limit()
             else:
+                start = _offsets(start) or {}
                 latest = self._latest(start, limit)
-        if latest != start:  # a batch will run: note how long planning it took
+        if latest == start:  # no batch: the offsets Spark has stay as they are
+            latest = given if given is not None else latest
+        else:  # a batch will run: its tasks, and how long planning it took
+            tasks = task_count(self.source, start or {}, latest)
+            if tasks is not None:
+                latest = {**latest, TASKS_KEY: tasks}
             took = time.perf_counter() - started
             values = {"plan_seconds": took, "plan_seconds_count": 1}
             recording.add(values, recording.connector_values(self.source.context.metrics.drain()))
@@ -117,16 +185,19 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         return latest
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        tasks = end.get(TASKS_KEY)
+        start, end = _offsets(start) or {}, _offsets(end) or {}
         missing = [p for p in end if p not in start]  # only without admission control
         if missing:
             start = {**self.source.initial_offsets(missing), **start}
         self._planned = dict(end)
-        return [SplitPartition(s) for s in self.source.splits(start, end)]
+        splits = self.source.splits(start, end)
+        return [SplitPartition(group) for group in group_splits(splits, tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa  # a task's: the planning processes need no pyarrow
 
-        split = partition.split  # type: ignore[attr-defined]
+        splits: tuple[Split, ...] = partition.splits  # type: ignore[attr-defined]
         task = SparkTask.current()
         batch = task.batch if task is not None else None
         source = self.part.build_source(self.part.connector_context(task=task))
@@ -134,10 +205,11 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         values = {"records_in": 0.0, "bytes_in": 0.0}
         try:
             with (
-                protocol_step(self.part, batch, f"read partition {split.partition}"),
+                protocol_step(self.part, batch, f"read {_named(splits)}"),
                 recording.timed(values, "read"),
             ):
-                for item in source.read(split):
+                rows = source.read(splits[0]) if len(splits) == 1 else source.read_splits(splits)
+                for item in rows:
                     if isinstance(item, pa.RecordBatch):
                         values["records_in"] += item.num_rows
                         values["bytes_in"] += item.nbytes
@@ -158,6 +230,13 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
     def stop(self) -> None:
         if self._source is not None:
             self._source.close()
+
+
+def _named(splits: tuple[Split, ...]) -> str:
+    """What a task reads, for its errors: its partitions (the first few)."""
+    names = [split.partition for split in splits]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"partition{'s' if len(names) > 1 else ''} {shown}"
 
 
 class StoredBatchPartition(InputPartition):

@@ -47,10 +47,13 @@ def run_case(
         batches += 20  # room for the take-overs and the random kills (~5-10 batches)
     ids = list(range(max(records, per_batch * batches)))
     source.produce(ids)
+    limits = {"maxRecordsPerBatch": str(per_batch)}
+    if not source.format:  # an epochal source: a batch's splits in two tasks (several a task)
+        limits["minRecordsPerTask"] = str(max(1, per_batch // 2))
     spec = {
         "source": source.connector,
         "source_format": source.format,
-        "source_options": {**source.options(), "maxRecordsPerBatch": str(per_batch)},
+        "source_options": {**source.options(), **limits},
         "sink": sink.connector,
         "sink_options": sink.options(scenario.mode),
         "id_expr": source.id_expr,

@@ -28,9 +28,11 @@ class SourceUnderTest(ABC):
             source) needs it before a sink that settles each partition on its own
             (:meth:`~epochal_sdk.Sink.settles_each_partition`), or the job is refused.
 
-    The kit adds ``maxRecordsPerBatch`` to :meth:`options`; the runtime's own options
-    (``maxRecordsPerBatch``, an acknowledging source's ``receiveTimeoutMs``) need not be in
-    the connector's ``source_options``.
+    The kit adds ``maxRecordsPerBatch`` to :meth:`options`, and, for an epochal source,
+    ``minRecordsPerTask`` of half a batch (a batch's splits go to two tasks, several small ones
+    sharing one, as in a job over many partitions); the runtime's own options
+    (``maxRecordsPerBatch``, ``minRecordsPerTask``, an acknowledging source's
+    ``receiveTimeoutMs``) need not be in the connector's ``source_options``.
     """
 
     connector: ClassVar[str]

@@ -104,6 +104,16 @@ class ReplayDriver:
                 source.close()
         return out
 
+    def read_together(self, batch: PlannedBatch) -> list[dict[str, Any]]:
+        """Every split of ``batch`` read by one new source object's ``read_splits``, as a task
+        given several small splits reads them."""
+        context = self.part.context(batch=batch.number, partition=0, attempt=2)
+        source = self.part.build(context, "source")
+        try:
+            return as_dicts(source.read_splits(batch.splits), self.columns)
+        finally:
+            source.close()
+
     def covered(self) -> int | None:
         """How many positions the planned offsets cover since the start, for offsets that
         count records (integers); None for other offsets."""
@@ -204,8 +214,32 @@ def check_replay_same_rows(subject: Subject) -> None:
         first, again = driver.read(batch), driver.read(batch, attempt=1)
         for split, rows, second in zip(batch.splits, first, again, strict=True):
             _same_rows(check, rows, second, f"batch {batch.number}, split {split}")
+        if len(batch.splits) > 1:
+            _same_rows_together(check, first, driver.read_together(batch), batch)
     finally:
         driver.close()
+
+
+def _same_rows_together(
+    check: str, each: list[list[dict[str, Any]]], together: list[dict[str, Any]], batch: Any
+) -> None:
+    """``read_splits`` of a batch's splits gives each split's rows, in their order, and no
+    other (the runtime gives one task several small splits)."""
+    what = f"read_splits of batch {batch.number}'s {len(batch.splits)} splits"
+    if sorted(map(repr, together)) != sorted(repr(row) for rows in each for row in rows):
+        raise _violation(
+            check,
+            f"{what} gave {len(together)} rows, read of each split {sum(map(len, each))}, or "
+            "other rows: read_splits must give exactly the records read(split) gives for each",
+        )
+    for split, rows in zip(batch.splits, each, strict=True):
+        found = iter(map(repr, together))
+        if not all(row in found for row in map(repr, rows)):  # a subsequence, in order
+            raise _violation(
+                check,
+                f"{what}: the rows of {split} came in another order: read_splits must keep "
+                "each split's records in order",
+            )
 
 
 def check_replay_once(subject: Subject) -> None:
