@@ -17,8 +17,15 @@ derived from it (:class:`TransactionId`, :class:`WriterId`).
 runtime's own names (the errors only it raises, the base classes ``Source`` and ``Sink``,
 ``Field``, ``Metrics``) stay in their modules: ``epochal_sdk.errors``, ``epochal_sdk.sources``,
 ``epochal_sdk.sinks``, ``epochal_sdk.schema``, ``epochal_sdk.context``.
+
+A name an earlier release exported here and no longer does (``Field``, ``TaskContext``, ...)
+still imports, with a ``DeprecationWarning`` that names its new home, for two minor releases
+(the table: ``epochal_sdk._deprecated``).
 """
 
+from typing import TYPE_CHECKING
+
+from epochal_sdk import _deprecated
 from epochal_sdk.connector import Connector
 from epochal_sdk.context import ConnectorContext
 from epochal_sdk.delivery import DeliveryHandles
@@ -82,3 +89,9 @@ __all__ = [
     "define_default_source",
     "unreachable",
 ]
+
+if not TYPE_CHECKING:  # type checkers see the names above only, and report a deprecated one
+
+    def __getattr__(name: str) -> object:
+        """A deprecated name (``epochal_sdk.Field``): from its new home, with a warning."""
+        return _deprecated.moved(__name__, name)

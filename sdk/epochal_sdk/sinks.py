@@ -40,6 +40,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from epochal_sdk import _deprecated
 from epochal_sdk.context import ConnectorContext
 from epochal_sdk.guarantees import Guarantee
 from epochal_sdk.ids import RecoveryScope
@@ -420,3 +421,11 @@ class IdempotentSink(Sink):
         Returns:
             The task's :class:`IdempotentWriter`.
         """
+
+
+if not TYPE_CHECKING:  # type checkers see the names above only, and report a deprecated one
+
+    def __getattr__(name: str) -> object:
+        """A deprecated name (``epochal_sdk.sinks.TaskContext``): from its new home, with a
+        warning."""
+        return _deprecated.moved(__name__, name)

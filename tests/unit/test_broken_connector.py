@@ -4,7 +4,8 @@ the cause), and ``epochal connectors`` reports it as an error.
 
 The broken connector is a real installed distribution in a temporary directory: a package,
 its ``pyspark_epochal_jsonl`` package, and the ``.dist-info`` whose entry point names a plugin
-module that imports a name the SDK does not export.
+module that imports a name the SDK does not export (and never did: a name an older SDK exported
+still imports, with a warning).
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ from epochal.parts import registry
 from epochal.spark import datasource
 from epochal_sdk import ConfigError
 
-IMPORT_ERROR = "cannot import name 'hookimpl' from 'epochal_sdk'"
+IMPORT_ERROR = "cannot import name 'connector_hook' from 'epochal_sdk'"
 
 
 @pytest.fixture
 def broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """``epochal-jsonl`` installed in ``tmp_path`` (on ``sys.path``), its plugin module
-    written for an SDK that exported ``hookimpl``."""
+    importing a name no SDK ever exported (``connector_hook``)."""
     (tmp_path / "epochal_jsonl").mkdir()
     (tmp_path / "epochal_jsonl" / "__init__.py").write_text("")
     (tmp_path / "epochal_jsonl" / "plugin.py").write_text(
-        "from epochal_sdk import hookimpl\n\n\n"
-        "@hookimpl\ndef register_connectors(register):\n    pass\n"
+        "from epochal_sdk import connector_hook\n\n\n"
+        "@connector_hook\ndef register_connectors(register):\n    pass\n"
     )
     (tmp_path / "pyspark_epochal_jsonl").mkdir()
     (tmp_path / "pyspark_epochal_jsonl" / "__init__.py").write_text(
