@@ -152,3 +152,15 @@ def test_recovery_bench(tmp_path: Path) -> None:
     assert "| recovery |" in output
     assert re.search(r"in-place.*\(1 MB\): \d+\.\d\d", output), output
     assert "plain PySpark, new process, no state" in output
+
+
+@pytest.mark.timeout(900)
+def test_scale_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
+    """Every part runs and prints its figures: throughput by partitions beside Spark's pair,
+    restart by age with the reads of the verification, several jobs, memory over a run."""
+    output = run_bench("scale_bench", tmp_path, kafka_env(kafka_server))
+    assert "MISMATCH" not in output and "every record once" in output
+    assert re.search(r"exactly-once / Spark pair at 4 partitions against 2: \d", output), output
+    assert re.search(r"age +300 batches: resume → first batch [\d.]+ s", output), output
+    assert re.search(r"1 x epochal exactly-once, a driver each +\d+ rec/s", output), output
+    assert re.search(r"batch +\d+: heap after GC \d+ MB", output), output

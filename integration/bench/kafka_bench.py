@@ -168,8 +168,9 @@ def spark_kafka_jars() -> list[str]:
     return sorted(str(p) for p in libs.glob("*.jar") if not p.name.startswith(_PROVIDED))
 
 
-def produce_input(bootstrap: str, topic: str, records: int) -> None:
-    """``records`` records (key = id, value = id padded to VALUE_BYTES) round-robin."""
+def produce_input(bootstrap: str, topic: str, records: int, partitions: int = PARTITIONS) -> None:
+    """``records`` records (key = id, value = id padded to VALUE_BYTES) round-robin over
+    ``partitions`` partitions."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000, "acks": "all"}
     )
@@ -178,7 +179,7 @@ def produce_input(bootstrap: str, topic: str, records: int) -> None:
         while True:
             try:
                 producer.produce(
-                    topic, b"%010d" % i + pad, str(i).encode(), partition=i % PARTITIONS
+                    topic, b"%010d" % i + pad, str(i).encode(), partition=i % partitions
                 )
                 break
             except BufferError:
@@ -215,7 +216,9 @@ class Run(MeasuredBatches):
         return sum(rows) / (sum(ms) / 1000) if sum(ms) else 0.0
 
 
-def plain_loop(bootstrap: str, source: str, sink: str, records: int, batch: int) -> Result:
+def plain_loop(
+    bootstrap: str, source: str, sink: str, records: int, batch: int, partitions: int = PARTITIONS
+) -> Result:
     """confluent-kafka consume → produce in one Python process; a "batch" is ``batch``
     records followed by a flush."""
     consumer = Consumer(
@@ -228,7 +231,7 @@ def plain_loop(bootstrap: str, source: str, sink: str, records: int, batch: int)
             "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
-    consumer.assign([TopicPartition(source, p, 0) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(source, p, 0) for p in range(partitions)])
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -299,9 +302,17 @@ class Bench:
     """The variants on one broker and one SparkSession."""
 
     def __init__(
-        self, server: Any, source: str, records: int, batch: int, workdir: str, jars: list[str]
+        self,
+        server: Any,
+        source: str,
+        records: int,
+        batch: int,
+        workdir: str,
+        jars: list[str],
+        partitions: int = PARTITIONS,
     ) -> None:
         self.server, self.source, self.records, self.batch = server, source, records, batch
+        self.partitions = partitions
         self.bootstrap = server.bootstrap_servers
         self.workdir = workdir
         self.jars = jars
@@ -312,14 +323,16 @@ class Bench:
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
 
     def new_topic(self) -> str:
-        """A fresh 2-partition topic (deleted at the end)."""
+        """A fresh topic of the bench's partitions (deleted at the end)."""
         name = f"bench-{uuid.uuid4().hex[:10]}"
-        self.admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(60)
+        self.admin.create_topics([NewTopic(name, self.partitions, 1)])[name].result(60)
         deadline = time.monotonic() + 60
         while True:
             topic = self.admin.list_topics(name, timeout=10).topics.get(name)
             partitions = topic.partitions if topic is not None and topic.error is None else {}
-            if len(partitions) == PARTITIONS and all(p.leader >= 0 for p in partitions.values()):
+            if len(partitions) == self.partitions and all(
+                p.leader >= 0 for p in partitions.values()
+            ):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"topic {name} has no partition leaders after 60s")
@@ -360,7 +373,7 @@ class Bench:
         limit = limit or self.batch
         out = self.new_topic()
         if variant == LOOP:
-            result = plain_loop(self.bootstrap, source, out, records, limit)
+            result = plain_loop(self.bootstrap, source, out, records, limit, self.partitions)
         else:
             result = self.query(variant, source, out, limit, turn)
         run = Run(variant, -1, result.batch_ms, result.batch_rows or [], result.phases or {})
@@ -373,11 +386,37 @@ class Bench:
     def query(self, variant: str, source: str, out: str, limit: int, turn: str) -> Result:
         """One available-now query of a Spark ``variant`` (epochal's or Spark's connector)
         from topic ``source`` into topic ``out``, ``limit`` records per batch."""
-        if variant == BUILTIN:
-            return self._builtin(source, out, limit, turn)
-        return self._epochal(variant, source, out, limit, turn)
+        reader, fmt, options, checkpoint = self._plan(variant, source, out, limit, turn)
+        return run_query(self.spark, variant, reader, fmt, options, checkpoint)
 
-    def _epochal(self, variant: str, source: str, out: str, limit: int, turn: str) -> Result:
+    def start_query(self, variant: str, source: str, out: str, limit: int, turn: str) -> Any:
+        """The same query, started (its ``StreamingQuery``), not waited for."""
+        reader, fmt, options, checkpoint = self._plan(variant, source, out, limit, turn)
+        return (
+            reader.writeStream.format(fmt)
+            .options(**options)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    def _plan(
+        self, variant: str, source: str, out: str, limit: int, turn: str
+    ) -> tuple[Any, str, dict[str, str], str]:
+        """The reader, the sink's format and options and the checkpoint of a query."""
+        if variant == BUILTIN:
+            reader = (
+                self.spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", self.bootstrap)
+                .option("subscribe", source)
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", str(limit))
+                .option("kafka.isolation.level", "read_committed")
+                .load()
+                .select("key", "value")
+            )
+            options = {"kafka.bootstrap.servers": self.bootstrap, "topic": out}
+            return reader, "kafka", options, f"{self.workdir}/cp-builtin-{turn}"
         mode, guarantee = (
             ("transactional", "exactly-once")
             if variant == EXACTLY_ONCE
@@ -387,40 +426,14 @@ class Bench:
         reader = epochal_kafka_reader(self.spark, self.bootstrap, source, limit, common).select(
             "key", "value"
         )
-        return run_query(
-            self.spark,
-            variant,
-            reader,
-            "epochal.kafka",
-            {"kafka.bootstrap.servers": self.bootstrap, "topic": out, "mode": mode, **common},
-            f"{self.workdir}/cp-{mode}-{turn}",
-        )
-
-    def _builtin(self, source: str, out: str, limit: int, turn: str) -> Result:
-        reader = (
-            self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.bootstrap)
-            .option("subscribe", source)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(limit))
-            .option("kafka.isolation.level", "read_committed")
-            .load()
-            .select("key", "value")
-        )
-        return run_query(
-            self.spark,
-            BUILTIN,
-            reader,
-            "kafka",
-            {"kafka.bootstrap.servers": self.bootstrap, "topic": out},
-            f"{self.workdir}/cp-builtin-{turn}",
-        )
+        options = {"kafka.bootstrap.servers": self.bootstrap, "topic": out, "mode": mode, **common}
+        return reader, "epochal.kafka", options, f"{self.workdir}/cp-{mode}-{turn}"
 
     def warm_up(self) -> None:
         """Every variant once on a small topic (not measured): Python workers, imports, Arrow,
         the Kafka classes and the first connections are then warm for all alike."""
         small = self.new_topic()
-        produce_input(self.bootstrap, small, 6_000)
+        produce_input(self.bootstrap, small, 6_000, self.partitions)
         for variant in self.variants():
             self.run(variant, "warm", source=small, records=6_000, limit=2_000)
         self.drop_topic(small)
@@ -447,12 +460,13 @@ def kept_producers(job_dir: str) -> tuple[int, int]:
     """How many tasks of an exactly-once query (after its first batch) used a producer their
     Python worker kept from an earlier task, out of how many wrote: the sink reports it in
     each prepared transaction, which the runtime records in its commit decisions."""
-    from epochal.state.store import SnapshotStore
+    from epochal.state.jobs import JobDirectory
 
-    store = SnapshotStore(f"{job_dir}/store")
+    snapshot_dir, _, name = job_dir.rpartition("/")
+    store = JobDirectory(snapshot_dir, name).store  # the live epoch's
     reused = wrote = 0
     try:
-        sinks = os.listdir(f"{job_dir}/store/sinks")
+        sinks = store.list_dirs("sinks")
     except OSError:
         return (0, 0)
     for sink in sinks:
@@ -618,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=16, help="interleaved rounds")
     parser.add_argument("--batches", type=int, default=10, help="batches per query and round")
     parser.add_argument("--batch", type=int, default=100_000, help="records per batch")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="of every topic")
     parser.add_argument("--no-builtin", action="store_true", help="skip Spark's connector")
     parser.add_argument("--plot", default="kafka-bench.png", help="PNG to write")
     parser.add_argument("--json", default="", help="write every run's figures here")
@@ -640,13 +655,13 @@ def main(argv: list[str] | None = None) -> int:
         server = place.kafka
         print(f"machine: {machine()}")
         print(f"broker: Kafka {server.version} at {server.bootstrap_servers}")
-        bench = Bench(server, "", records, args.batch, place.workdir, jars)
+        bench = Bench(server, "", records, args.batch, place.workdir, jars, args.partitions)
         place.stack.callback(bench.close)
         bench.source = bench.new_topic()
         started = time.perf_counter()
-        produce_input(server.bootstrap_servers, bench.source, records)
+        produce_input(server.bootstrap_servers, bench.source, records, args.partitions)
         print(
-            f"input: {records} records of {VALUE_BYTES} B in {PARTITIONS} partitions "
+            f"input: {records} records of {VALUE_BYTES} B in {args.partitions} partitions "
             f"({time.perf_counter() - started:.1f}s to produce); {args.batch} per batch, "
             f"{args.batches} batches per query (first and last not measured), {args.rounds} rounds"
         )
