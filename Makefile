@@ -1,6 +1,6 @@
 # Quick start (a fresh machine with Python 3.11+ and Java 17):
 #   make demo   # the exactly-once demo with two hard driver kills
-#   make test   # the whole test suite: unit, Spark, conformance crash tests, integration
+#   make test   # the test suite as CI runs it: unit, Spark, conformance crash tests, integration
 #   make check  # the fast lane for the edit-test loop: lint, unit tests, contract checks
 #
 # Every tool runs as `<python> -m <tool>`, never as a console script found on PATH: pip puts
@@ -14,7 +14,7 @@ PYTHON ?= python3
 RUN = $(shell $(PYTHON) scripts/install.py --python)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint check
+.PHONY: install demo test test-full lint check
 
 install:
 	$(PYTHON) scripts/install.py
@@ -24,6 +24,10 @@ demo: install
 
 test:
 	PYTHON="$(PYTHON)" bash scripts/test.sh $(PYTEST_ARGS)
+
+# every test, the full lane's proofs too (the root conftest.py's FULL_LANE_ONLY)
+test-full:
+	EPOCHAL_TEST_LANE=full PYTHON="$(PYTHON)" bash scripts/test.sh $(PYTEST_ARGS)
 
 lint: install
 	$(RUN) -m ruff check . && $(RUN) -m ruff format --check .

@@ -178,11 +178,13 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
     servers = {
         "EPOCHAL_KAFKA_BOOTSTRAP": kafka_server.bootstrap_servers,
         "EPOCHAL_POSTGRES_DSN": postgres_server.dsn,
+        "EPOCHAL_TEST_LANE": "full",  # the cases CI's lane leaves to this release (conftest.py)
     }
     cases = _run([python, "-m", "pytest", *args], ROOT, 1500, servers)
     out = cases.stdout + cases.stderr
     assert cases.returncode == 0, out[-6000:]
     assert " passed" in cases.stdout and " failed" not in cases.stdout, out[-6000:]
     assert " 2 deselected" in cases.stdout, out[-6000:]  # the mutant case, the routed one
+    assert " skipped" not in cases.stdout, out[-6000:]
     where = _run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
     assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"

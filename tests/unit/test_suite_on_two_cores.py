@@ -162,3 +162,26 @@ def test_two_workers_run_each_module_on_one_worker(tmp_path: Path) -> None:
     for worker, test in ran:
         workers.setdefault(test.split("::")[0].split("@")[0], set()).add(worker)
     assert len(workers) == 2 and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_full_lane_names_tests_that_exist_and_only_those() -> None:
+    """Each of the root conftest.py's FULL_LANE_ONLY names a test that is there (a renamed
+    test would otherwise run in no lane's list and the entry cover nothing), and a pattern
+    matches its parameters, not a neighbour's."""
+    conftest = _root_conftest()
+    for pattern in conftest.FULL_LANE_ONLY:
+        path, _, rest = pattern.partition("::")
+        names = rest.split("[")[0].split("::")
+        # a kit case's test is the kit's (epochal.testing.suite): its class is the module's
+        defined = f"class {names[0]}(" if len(names) > 1 else f"def {names[0]}("
+        assert defined in (ROOT / path).read_text(), pattern
+    jdbc = "integration/jdbc/test_jdbc_conformance.py::TestJdbcSinkConformance::"
+    assert conftest.full_lane_reason(
+        f"{jdbc}test_crash_and_recover[points-idempotent-at-least-once]"
+    )
+    assert not conftest.full_lane_reason(
+        f"{jdbc}test_crash_and_recover[points-idempotent-exactly-once]"
+    )
+    release = "tests/releases/test_pyspark_releases.py::test_the_demo_is_exactly_once_on_a_pyspark"
+    assert conftest.full_lane_reason(f"{release}_installed_before_epochal[4.1.4]")
+    assert not conftest.full_lane_reason(f"{release}_installed_before_epochal[4.0.5]")
