@@ -390,6 +390,27 @@ class LastBatchSink(MapSink):
         return LastBatchWriter(self)
 
 
+class ShiftedValueWriter(MapWriter):
+    """Pairs each key with the next record's value."""
+
+    def flush(self) -> None:
+        if self.items:
+            keys = [k for k, _ in self.items]
+            values = [v for _, v in self.items]
+            self.sink.store.put_all(
+                self.sink.target.map, list(zip(keys, values[1:] + values[:1], strict=True))
+            )
+        self.items = []
+
+
+class ShiftedValueSink(MapSink):
+    """the upsert pairs each key with the next record's value (an off-by-one between two
+    columns): every key is there once, with another record's value (wrong values)."""
+
+    def open(self, task: ConnectorContext) -> IdempotentWriter:
+        return ShiftedValueWriter(self)
+
+
 class FirstValueWriter(MapWriter):
     """Writes only the keys the map does not hold yet."""
 
@@ -452,6 +473,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-background-flush": ("idempotent", BackgroundFlushSink),
     "mutant-map-last-batch": ("idempotent", LastBatchSink),
     "mutant-map-first-value": ("idempotent", FirstValueSink),
+    "mutant-map-shifted-value": ("idempotent", ShiftedValueSink),
 }
 """Every mutant: its connector name, the contract it breaks and its source or sink class."""
 

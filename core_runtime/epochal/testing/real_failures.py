@@ -4,19 +4,24 @@ outside, a zombie driver woken after a take-over, random kills (:class:`RealFail
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 
 from epochal.base import processes
 from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
-from epochal.control.job_requests import submit
+from epochal.control.job_requests import request, submit
+from epochal.driver.guards import SOURCE_RUNNER_MODULE as SOURCE_RUNNER
+from epochal.pipelines import SPEC_FILE
 from epochal.protocols.two_phase import recorded_decisions
-from epochal.state.jobs import JobDirectory, JobRecord
+from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for, with_temp_dir
 
 
@@ -34,12 +39,32 @@ class RealFailures:
        must stop without deciding, acknowledging or writing anything.
     4. While C runs, its whole driver run and one of its Python workers are killed, in
        random order, at random moments.
+    5. C is suspended, gracefully (``jobs suspend``: its query stops, its sinks' and
+       sources' close and abort paths run); nothing is left in doubt. Supervisor D resumes
+       the job and finishes it.
+
+    All along, records keep arriving (:class:`KeepProducing`: before, during and after each
+    fault, across the take-over), and the job's parallelism changes at each new supervisor:
+    its source's batches get 2 tasks under A, 4 under B, 1 under C and D
+    (``minRecordsPerTask``), so C recovers the transactions of B's writers that are gone.
     """
 
     def __init__(
-        self, jobdir: JobDirectory, scenario: Scenario, config: JobConfig, seed: str, temp_dir: str
+        self,
+        jobdir: JobDirectory,
+        scenario: Scenario,
+        config: JobConfig,
+        seed: str,
+        temp_dir: str,
+        producer: KeepProducing | None = None,
+        in_doubt: Callable[[], list[str]] | None = None,
     ):
         self.jobdir, self.scenario, self.config = jobdir, scenario, config
+        self.producer = producer
+        """Records that keep arriving while the scenario runs (none: every record is there
+        before the job starts)."""
+        self.in_doubt = in_doubt
+        """The sink's transactions in doubt (checked after the graceful stop)."""
         self.temp_dir = temp_dir
         """The supervisors' ``TMPDIR`` (their drivers' scratch directories go there)."""
         self.random = random.Random(seed)
@@ -50,6 +75,8 @@ class RealFailures:
         try:
             return self._run(notes)
         finally:
+            if self.producer is not None:
+                self.producer.stop()
             for supervisor in self.supervisors:
                 with contextlib.suppress(ProcessLookupError):
                     supervisor.send_signal(signal.SIGCONT)
@@ -60,6 +87,8 @@ class RealFailures:
         ttl = self.config.lease_ttl
         submit(self.jobdir.name, "epochal.pipelines:copy", self.config)
         kill_supervisor, pause = self.scenario.faults
+        if self.producer is not None:
+            self.producer.start()
         first = self._supervise("a")
         wait_for(lambda: first.poll() is not None, "supervisor A to be killed by its fault", 300)
         assert first.returncode == -signal.SIGKILL, f"supervisor A ended with {first.returncode}"
@@ -72,6 +101,7 @@ class RealFailures:
         )
         notes.append(f"orphaned driver run gone {time.monotonic() - started:.1f}s after A died")
 
+        set_tasks(self.jobdir, 4)
         second = self._supervise("b")
         wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
@@ -82,6 +112,7 @@ class RealFailures:
         # the pause's marker and B's SIGSTOP, which only makes C wait longer)
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         paused_at = float(zombie["at"])
+        set_tasks(self.jobdir, 1)
         third = self._supervise("c")
         wait_for(
             lambda: self._first_batch_of_epoch_after(zombie_epoch) is not None,
@@ -115,11 +146,73 @@ class RealFailures:
         check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
         done = self._random_kills(third, notes, kills=2)
         assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
-        wait_for(lambda: third.poll() is not None, "supervisor C to finish the job", 600)
+        last = third
+        if self.producer is not None:
+            self.producer.stop()
+            notes.append(f"{self.producer.produced} records arrived while the job ran")
+            last = self._stopped_gracefully(third, notes)
+        wait_for(lambda: last.poll() is not None, "the last supervisor to finish the job", 600)
         record = self.jobdir.load()
-        if third.returncode != 0:
+        if last.returncode != 0:
             record.failure = f"{record.failure}\n{driver_log_tail(self.jobdir.logs)}"
         return record
+
+    def _stopped_gracefully(
+        self, running: subprocess.Popen[str], notes: list[str]
+    ) -> subprocess.Popen[str]:
+        """Suspend the job gracefully while supervisor ``running`` (C) runs its query (which
+        is stopped: the parts' close and abort paths run), check that the stop left nothing in
+        doubt, and resume the job with supervisor D, which finishes it.
+
+        So that C's query still has batches to run when the suspend comes, a burst of records
+        arrives, and C's query starts again to take it: its source runner (a Python worker
+        of the driver) is killed and the query restarted in place (a source without one,
+        Spark's own: the whole driver run is killed). The suspend is asked for at C's first
+        committed batch after that restart."""
+        assert self.producer is not None
+        if running.poll() is not None:
+            raise AssertionError(f"supervisor C ended ({running.returncode}) before the stop")
+        per_batch = int(self._spec()["source_options"].get("maxRecordsPerBatch", 100))
+        self.producer.burst(10 * per_batch)
+        batch = self.jobdir.load().progress.get("batch", -1)
+        token = str(self.jobdir.load().driver.get("token") or "")
+        runners = [
+            pid
+            for pid in processes.python_workers(token)
+            if SOURCE_RUNNER in processes.command_line(pid)
+        ]
+        if runners:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(runners[0], signal.SIGKILL)
+            notes.append(f"source runner killed after batch {batch}: the query restarts")
+        else:
+            with contextlib.suppress(TimeoutError):
+                processes.kill_run(token)
+            notes.append(f"the whole driver run killed after batch {batch}: a new one starts")
+        wait_for(
+            lambda: running.poll() is not None or self._restarted_run_committed(batch),
+            "a batch of C's restarted query",
+            300,
+        )
+        request(self.jobdir, "suspend")
+        wait_for(lambda: running.poll() is not None, "supervisor C to suspend the job", 120)
+        status = self.jobdir.load().status
+        assert status == JobStatus.SUSPENDED, (
+            f"the job is {status.value}, not suspended: C finished the burst of "
+            f"{10 * per_batch} records before the suspend"
+        )
+        left = self.in_doubt() if self.in_doubt is not None else []
+        assert not left, f"the graceful stop left transactions in doubt: {left}"
+        notes.append(f"suspended at batch {self.jobdir.load().progress.get('batch')}, gracefully")
+        return self._supervise("d")
+
+    def _restarted_run_committed(self, batch: int) -> bool:
+        record = self.jobdir.load()
+        return record.progress.get("batch", -1) > batch and record.status == JobStatus.RUNNING
+
+    def _spec(self) -> dict:
+        with open(f"{self.jobdir.path}/{SPEC_FILE}") as fh:
+            return dict(json.load(fh))
 
     def _supervise(self, tag: str) -> subprocess.Popen[str]:
         log = open(f"{self.jobdir.path}/supervisor-{tag}.log", "w")  # noqa: SIM115
@@ -186,6 +279,79 @@ class RealFailures:
                 notes.append(f"random kill after batch {at}: the whole driver run")
                 done += 1
         return done
+
+
+def set_tasks(jobdir: JobDirectory, tasks: int) -> None:
+    """From the next query start on, the job's source gives each batch about ``tasks`` tasks
+    (``minRecordsPerTask`` of its read limit / ``tasks``): the job's parallelism changes
+    (the spec the kit's pipeline reads at each start, in the job's directory)."""
+    path = f"{jobdir.path}/{SPEC_FILE}"
+    with open(path) as fh:
+        spec = json.load(fh)
+    options = spec["source_options"]
+    if "minRecordsPerTask" in options:  # an epochal source (the kit sets it for those only)
+        per_batch = int(options["maxRecordsPerBatch"])
+        options["minRecordsPerTask"] = str(max(1, -(-per_batch // tasks)))
+        with open(path, "w") as fh:
+            json.dump(spec, fh)
+
+
+class KeepProducing:
+    """Records that keep arriving while a scenario runs: a thread gives the source ``chunk``
+    new record IDs every ``every`` seconds, after the ones produced before the job started,
+    until :meth:`stop` (or ``limit`` records)."""
+
+    def __init__(
+        self,
+        produce: Callable[[Sequence[int]], None],
+        first: int,
+        chunk: int = 20,
+        every: float = 1.0,
+        limit: int = 600,
+    ) -> None:
+        self.produce, self.next, self.chunk, self.every, self.limit = (
+            produce,
+            first,
+            chunk,
+            every,
+            limit,
+        )
+        self.produced = 0
+        self.ids: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="epochal-kit-producer", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        """Start producing."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.every) and self.produced < self.limit:
+                ids = list(range(self.next, self.next + self.chunk))
+                self.produce(ids)
+                self.ids += ids
+                self.next += self.chunk
+                self.produced += self.chunk
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def burst(self, count: int) -> None:
+        """Give the source ``count`` more records at once (the thread stopped)."""
+        ids = list(range(self.next, self.next + count))
+        self.produce(ids)
+        self.ids += ids
+        self.next += count
+        self.produced += count
+
+    def stop(self) -> None:
+        """Stop producing (at once) and wait for the thread; raise what it failed with."""
+        self._stop.set()
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(60)
+        if self.error is not None:
+            raise AssertionError(f"producing records while the job ran failed: {self.error}")
 
 
 def check_zombie_wrote_nothing(

@@ -15,7 +15,7 @@ from epochal.control.launcher import DriverPool
 from epochal.pipelines import SPEC_FILE
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
 from epochal.testing.points import RESTARTER_KINDS
-from epochal.testing.real_failures import RealFailures
+from epochal.testing.real_failures import KeepProducing, RealFailures
 from epochal.testing.scenarios import (
     KIT_LEASE_TTL,
     LOCAL,
@@ -79,13 +79,29 @@ def run_case(
         json.dump(spec, fh)
     notes: list[str] = []
     if scenario.kind == "real-failures":
+        producer = KeepProducing(source.produce, first=len(ids))
         record = RealFailures(
-            jobdir, scenario, config, seed=name, temp_dir=scenario_temp_dir(snapshot_dir)
+            jobdir,
+            scenario,
+            config,
+            seed=name,
+            temp_dir=scenario_temp_dir(snapshot_dir),
+            producer=producer,
+            in_doubt=sink.in_doubt,
         ).run(notes)
+        ids += producer.ids  # every produced record is counted
     elif scenario.kind == "session-failures":
+        producer = KeepProducing(source.produce, first=len(ids))
         record = SessionFailures(
-            jobdir, scenario, spec, seed=name, temp_dir=scenario_temp_dir(snapshot_dir)
+            jobdir,
+            scenario,
+            spec,
+            seed=name,
+            temp_dir=scenario_temp_dir(snapshot_dir),
+            producer=producer,
+            in_doubt=sink.in_doubt,
         ).run(notes)
+        ids += producer.ids  # every produced record is counted
     else:
         lines: list[str] = []
         use_pool = pool if scenario.master == LOCAL else None
@@ -118,7 +134,20 @@ def run_case(
         fired=fired,
         notes=notes,
         fired_batches=fired_batches,
+        wrong=wrong_values(committed),
     )
+
+
+def wrong_values(committed: list[tuple[str, str]]) -> dict[int, str]:
+    """The records of the copy pipeline whose value is not what the pipeline wrote (the
+    record ID, as text, in ``value`` as in ``key``): a sink that writes another value, loses
+    it, or turns it into something else. The record ID, and the value seen (the first of
+    each ID)."""
+    wrong: dict[int, str] = {}
+    for key, value in committed:
+        if value != key and int(key) not in wrong:
+            wrong[int(key)] = value
+    return wrong
 
 
 def _count_groups(

@@ -78,11 +78,17 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     fired_batches: dict[str, int | None] = field(default_factory=dict)
     """The batch each fired fault recorded in its marker (None for a point that has none)."""
+    wrong: dict[int, str] = field(default_factory=dict)
+    """Records whose value the sink shows is not the one written: ID → the value seen."""
 
     def __str__(self) -> str:
+        wrong = "".join(
+            f", wrong value {len(self.wrong)} ({i}: {v!r})" for i, v in list(self.wrong.items())[:1]
+        )
         return (
             f"expected {self.expected} records, saw {self.seen}: lost {len(self.lost)} "
-            f"{self.lost[:10]}, duplicated {len(self.duplicated)} {list(self.duplicated)[:10]}; "
+            f"{self.lost[:10]}, duplicated {len(self.duplicated)} {list(self.duplicated)[:10]}"
+            f"{wrong}; "
             f"restarts {self.record.restarts}, faults fired {self.fired}"
             + (f"; {'; '.join(self.notes)}" if self.notes else "")
         )

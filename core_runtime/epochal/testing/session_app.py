@@ -5,8 +5,10 @@ the options of its source and sink, the Spark checkpoint where the user chose it
 the query failed: an outside restarter (the kit, standing for YARN or a restart policy)
 starts it again until it succeeds.
 
-``python -m epochal.testing.session_app CHECKPOINT`` with the kit's spec in
-``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.pipelines`).
+``python -m epochal.testing.session_app CHECKPOINT [STOP_FILE]`` with the kit's spec in
+``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.pipelines`): once ``STOP_FILE`` exists, the
+application stops its query (``query.stop()``, as a deployment's shutdown hook does) and
+exits with :data:`STOPPED`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from epochal.pipelines import SPEC_ENV
 
 MASTER = "local[2,4]"
 """Two cores, and a failed task is retried (as the kit's supervised scenarios run)."""
+STOPPED = 3
+"""The exit code after the query was stopped on request (``STOP_FILE`` appeared): not
+finished; the restarter starts the application again."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         register(spark)
     writer = getattr(pipelines, spec.get("pipeline", "copy"))(spark)
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    stop_file = args[1] if len(args) > 1 else ""
     try:
-        query.awaitTermination()
+        while not query.awaitTermination(0.2):
+            if stop_file and os.path.exists(stop_file):  # a graceful stop, as a shutdown hook
+                query.stop()
+                return STOPPED
     except Exception as exc:  # the query failed: say why, exit non-zero for the restarter
         sys.stderr.write(f"session app: the query failed: {exc}\n")
         return 1

@@ -14,7 +14,14 @@ and once (the split brain) while the old driver still lives.
    query fence ends B's query (the keeper kills B's JVM if it does not end within a
    quarter TTL), and the application exits; B decides, acknowledges and writes nothing.
 3. C's whole driver and one of its Python workers are killed at random moments; the
-   restarter starts the next driver each time, until one finishes the data.
+   restarter starts the next driver each time.
+4. The application is stopped gracefully (``query.stop()`` in its driver, as a deployment's
+   shutdown hook does); nothing is left in doubt; the restarter starts it again until one
+   finishes the data.
+
+All along, records keep arriving (:class:`~epochal.testing.real_failures.KeepProducing`),
+and each start of the application gives the source's batches another number of tasks (2 for
+A, 4 for B, 1 from C on).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from epochal.base import processes
@@ -34,7 +42,7 @@ from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.startup.home import python_of_spark
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
-from epochal.testing.real_failures import check_zombie_wrote_nothing
+from epochal.testing.real_failures import KeepProducing, check_zombie_wrote_nothing
 from epochal.testing.scenarios import (
     KIT_LEASE_TTL,
     Scenario,
@@ -42,6 +50,7 @@ from epochal.testing.scenarios import (
     wait_for,
     with_temp_dir,
 )
+from epochal.testing.session_app import STOPPED
 
 APP_MODULE = "epochal.testing.session_app"
 MAX_STARTS = 12
@@ -58,8 +67,13 @@ class SessionFailures:
         spec: dict[str, Any],
         seed: str,
         temp_dir: str,
+        producer: KeepProducing | None = None,
+        in_doubt: Callable[[], list[str]] | None = None,
     ):
         self.jobdir, self.scenario = jobdir, scenario
+        self.producer, self.in_doubt = producer, in_doubt
+        self.stop_file = f"{jobdir.path}-stop"
+        """The application stops its query gracefully once this file exists."""
         self.temp_dir = temp_dir
         """The applications' ``TMPDIR`` (their JVMs' temporary directory follows it)."""
         self.random = random.Random(seed)
@@ -85,6 +99,8 @@ class SessionFailures:
         try:
             return self._run(notes)
         finally:
+            if self.producer is not None:
+                self.producer.stop()
             for app, token in self.apps:
                 processes.signal_run(token, signal.SIGCONT)
                 with contextlib.suppress(TimeoutError):
@@ -93,11 +109,14 @@ class SessionFailures:
 
     def _run(self, notes: list[str]) -> JobRecord:
         kill, pause = self.scenario.faults
+        if self.producer is not None:
+            self.producer.start()
         first, _ = self._start("a")
         wait_for(lambda: first.poll() is not None, "driver A to be killed by its fault", 300)
         assert first.returncode == -signal.SIGKILL, f"driver A ended with {first.returncode}"
         assert self.plan.fired() == [kill.label], self.plan.fired()
 
+        self._tasks(4)
         second, zombie_token = self._start("b")
         wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)
@@ -106,6 +125,7 @@ class SessionFailures:
         assert lease is not None
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         committed = self._commits()
+        self._tasks(1)
         third, third_token = self._start("c")
         wait_for(
             lambda: self._commits() > committed or third.poll() is not None,
@@ -135,7 +155,12 @@ class SessionFailures:
             f"{second.returncode})"
         )
         check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
-        last = self._random_kills(third, third_token, notes)
+        app, token = self._random_kills(third, third_token, notes)
+        if self.producer is not None:
+            self.producer.stop()
+            notes.append(f"{self.producer.produced} records arrived while the job ran")
+            app, token = self._stopped_gracefully(app, token, notes)
+        last = self._finished(app, token)
         record = self.jobdir.load()
         if last.returncode == 0:
             record.status = JobStatus.COMPLETED
@@ -158,7 +183,7 @@ class SessionFailures:
         log = open(f"{self.jobdir.path}-app-{tag}.log", "w")  # noqa: SIM115
         with log:
             app = subprocess.Popen(
-                [sys.executable, "-m", APP_MODULE, self.checkpoint],
+                [sys.executable, "-m", APP_MODULE, self.checkpoint, self.stop_file],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -175,10 +200,10 @@ class SessionFailures:
 
     def _random_kills(
         self, app: subprocess.Popen[str], token: str, notes: list[str]
-    ) -> subprocess.Popen[str]:
+    ) -> tuple[subprocess.Popen[str], str]:
         """Kill the running driver whole and one of its Python workers, in random order at
         random moments, restarting the application whenever it ended without finishing;
-        returns the application that ended last."""
+        returns the application started last (and its run token)."""
         kinds = ["driver", "worker"]
         self.random.shuffle(kinds)
         done = 0
@@ -206,11 +231,57 @@ class SessionFailures:
                 notes.append(f"random kill after {self._commits()} batches: the whole driver")
             done += 1
         assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
+        return self._restarted(app, token)
+
+    def _finished(self, app: subprocess.Popen[str], token: str) -> subprocess.Popen[str]:
+        """Restart the application whenever it ended without finishing, until one finishes;
+        that one."""
         while True:
             wait_for(lambda a=app: a.poll() is not None, "the application to end", 600)
             if app.returncode == 0:
                 return app
             app, token = self._restarted(app, token)
+
+    def _stopped_gracefully(
+        self, app: subprocess.Popen[str], token: str, notes: list[str]
+    ) -> tuple[subprocess.Popen[str], str]:
+        """Stop the running application's query gracefully (``query.stop()``) while it still
+        has batches to run: a burst of records arrives, the driver is killed so that the
+        next start's available-now run holds it, and the stop comes at that start's first
+        committed batch. Nothing may be left in doubt; then the next start finishes."""
+        assert self.producer is not None
+        per_batch = int(self.spec["source_options"].get("maxRecordsPerBatch", 100))
+        self.producer.burst(10 * per_batch)
+        if app.poll() is None:
+            with contextlib.suppress(TimeoutError):
+                processes.kill_run(token)
+            app.wait()
+        app, token = self._start(chr(ord("a") + len(self.apps)))
+        committed = self._commits()
+        wait_for(
+            lambda: app.poll() is not None or self._commits() > committed,
+            "a batch of the restarted application",
+            300,
+        )
+        with open(self.stop_file, "w"):
+            pass
+        wait_for(lambda: app.poll() is not None, "the application to stop its query", 120)
+        os.unlink(self.stop_file)
+        assert app.returncode == STOPPED, (
+            f"the application ended with {app.returncode}, not stopped: it finished the burst "
+            f"of {10 * per_batch} records before the stop; {self._logs()}"
+        )
+        left = self.in_doubt() if self.in_doubt is not None else []
+        assert not left, f"the graceful stop left transactions in doubt: {left}"
+        notes.append(f"query stopped gracefully after {self._commits()} batches")
+        return self._start(chr(ord("a") + len(self.apps)))
+
+    def _tasks(self, tasks: int) -> None:
+        """Each batch about ``tasks`` tasks from the next start on (an epochal source)."""
+        options = self.spec["source_options"]
+        if "minRecordsPerTask" in options:
+            per_batch = int(options["maxRecordsPerBatch"])
+            options["minRecordsPerTask"] = str(max(1, -(-per_batch // tasks)))
 
     def _restarted(
         self, app: subprocess.Popen[str], token: str

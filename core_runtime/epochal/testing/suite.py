@@ -317,14 +317,17 @@ def scenario_problem(
     scenario: Scenario, outcome: Outcome, source: SourceUnderTest, sink: SinkUnderTest
 ) -> str | None:
     """What went wrong in a scenario's run (None when nothing did): the job failed, a fault
-    did not fire, records were lost (or duplicated under exactly-once), transactions were
-    left in doubt or the source unsettled (polled: see :meth:`SourceUnderTest.unsettled`)."""
+    did not fire, records were lost (or duplicated under exactly-once) or show another value
+    than the one written, transactions were left in doubt or the source unsettled (polled:
+    see :meth:`SourceUnderTest.unsettled`)."""
     if outcome.record.status != JobStatus.COMPLETED:
         return f"the job did not complete: {outcome.record.failure}"
     if outcome.fired != [f.label for f in scenario.faults]:
         return f"not every fault fired: {outcome}"
     if outcome.lost:
         return f"lost records: {outcome}"
+    if outcome.wrong:
+        return f"records with another value than the one written: {outcome}"
     if scenario.guarantee == Guarantee.EXACTLY_ONCE and outcome.duplicated:
         return f"duplicates under exactly-once: {outcome}"
     leftovers = sink.in_doubt()

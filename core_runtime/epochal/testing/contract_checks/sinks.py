@@ -184,11 +184,30 @@ class SinkRun:
         """What the independent reader sees, counted by key."""
         return Counter(key for key, _ in self.under.committed(self.mode))
 
-    def expect_once(self, keys_written: Iterable[str], what: str) -> None:
-        """Each key once (at least once when duplicates are allowed), nothing else, nothing
-        in doubt."""
-        wanted = set(keys_written)
+    def expect_values(self, written: list[dict[str, str]], what: str) -> None:
+        """Every entry the reader sees of a written key holds the value it was written with:
+        compared by value, not only counted."""
+        values = {record["key"]: record["value"] for record in written}
+        wrong = {
+            key: value
+            for key, value in self.under.committed(self.mode)
+            if key in values and value != values[key]
+        }
+        if wrong:
+            key, value = next(iter(wrong.items()))
+            raise _violation(
+                self.check,
+                f"{what}: {len(wrong)} records show another value than the one written (key "
+                f"{key!r}: {value!r}, written {values[key]!r}): the sink must write each "
+                "record's own value, unchanged",
+            )
+
+    def expect_once(self, written: list[dict[str, str]], what: str) -> None:
+        """Each record once (at least once when duplicates are allowed) with the value it was
+        written with, nothing else, nothing in doubt."""
+        wanted = set(_keys(written))
         found = self.seen()
+        self.expect_values(written, what)
         lost = wanted - set(found)
         if lost:
             raise _violation(
@@ -292,7 +311,7 @@ def check_2pc_retried_task(subject: Subject) -> None:
     run.prepare(run=1, batch=0, partition=0, attempt=1, records=records)  # its report is lost
     third = run.prepare(run=1, batch=0, partition=0, attempt=2, records=records)
     run.commit(1, 0, [third])
-    run.expect_once(_keys(records), "after a task was retried twice")
+    run.expect_once(records, "after a task was retried twice")
 
 
 def check_2pc_crash_before_decision(subject: Subject) -> None:
@@ -309,7 +328,7 @@ def check_2pc_crash_before_decision(subject: Subject) -> None:
         for partition, records in enumerate(parts)
     ]
     run.commit(2, 0, replayed)
-    run.expect_once(_keys(parts[0] + parts[1]), "after a crash before the decision and a replay")
+    run.expect_once(parts[0] + parts[1], "after a crash before the decision and a replay")
 
 
 def check_2pc_crash_in_phase_2(subject: Subject) -> None:
@@ -337,7 +356,7 @@ def check_2pc_crash_in_phase_2(subject: Subject) -> None:
         run.with_protocol(2, 1, commit_without_record)
     run.start_run(3)  # recovery completes batch 1 again: commit is called a second time
     written = [r for part in batches[0] + batches[1] for r in part]
-    run.expect_once(_keys(written), "after crashes after the decision and inside phase 2")
+    run.expect_once(written, "after crashes after the decision and inside phase 2")
 
 
 def check_2pc_empty_task(subject: Subject) -> None:
@@ -348,7 +367,7 @@ def check_2pc_empty_task(subject: Subject) -> None:
     full = run.prepare(run=1, batch=0, partition=0, attempt=0, records=records)
     empty = run.prepare(run=1, batch=0, partition=1, attempt=0, records=[])
     run.commit(1, 0, [full, empty])
-    run.expect_once(_keys(records), "after a batch with an empty task")
+    run.expect_once(records, "after a batch with an empty task")
 
 
 class UpsertRun(SinkRun):
@@ -418,6 +437,7 @@ def check_upsert_replay(subject: Subject) -> None:
     lost = set(_keys(records)) - set(after)
     if lost:
         raise _violation(run.check, f"records lost after the replay: keys {_first(lost)}")
+    run.expect_values(records, "after the replay")
 
 
 def check_upsert_update(subject: Subject) -> None:
