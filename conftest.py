@@ -65,6 +65,22 @@ FULL_LANE_ONLY: dict[str, str] = {
     ),
     "integration/jdbc/test_jdbc_conformance.py::TestJdbcSinkConformance::"
     "test_crash_and_recover[points-*-at-least-once]": "the same points at exactly-once",
+    "integration/jdbc/test_jdbc_conformance.py::TestJdbcSinkConformance::"
+    "test_crash_and_recover[aggregate-*]": (
+        "the aggregate case of the map (transactional sink), JMS (idempotent sink) and ack suites"
+    ),
+    "integration/jms/test_jms_conformance.py::TestJmsSourceConformance::"
+    "test_crash_and_recover[aggregate-*]": (
+        "the acknowledging reference source's aggregate case (tests/conformance/test_ack_*)"
+    ),
+    "integration/kafka/test_spark_kafka_source.py::TestSparkKafkaSourceIntoJdbc::"
+    "test_crash_and_recover[real-failures-*]": (
+        "the JDBC sink's own real-failures case (Spark's Kafka source is not a part of ours)"
+    ),
+    "integration/connect/test_connect_kafka_to_postgres.py::"
+    "test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill": (
+        "the two Connect servers' take-over of a job whose server is gone"
+    ),
     "integration/kafka/test_kafka_conformance.py::TestKafkaSinkConformance::"
     "test_crash_and_recover[points-*-at-least-once]": "the same points at exactly-once",
     "integration/jms/test_jms_conformance.py::TestJmsSourceConformance::"
