@@ -17,11 +17,12 @@ both workers need is started by each. Without ``-n`` nothing here changes the ru
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.lane import FULL, LANE_ENV
 
 ROOT = Path(__file__).resolve().parent
 #: Seconds each test took in a recent whole run (``python -m integration.harness.timing
@@ -77,6 +78,37 @@ FULL_LANE_ONLY: dict[str, str] = {
     "test_crash_and_recover[real-failures-*]": (
         "the JDBC sink's own real-failures case (Spark's Kafka source is not a part of ours)"
     ),
+    "integration/jms/test_jms_conformance.py::TestJmsSourceConformance::"
+    "test_crash_and_recover[session-failures-*]": (
+        "the map suite's session-failures (the lease and restarts are the runtime's) and the "
+        "JMS source's real-failures, which stops it gracefully"
+    ),
+    "integration/kafka/test_spark_kafka_source.py::TestSparkKafkaSourceInto*::"
+    "test_crash_and_recover[points-*]": (
+        "the JDBC and Kafka sinks' own crash points (Spark's Kafka source is not a part of ours)"
+    ),
+    "integration/test_soak.py::test_a_small_soak_loses_and_duplicates_nothing": (
+        "the kit's random kills of drivers and Python workers in every real-failures case"
+    ),
+    "integration/test_benchmarks.py::test_kafka_bench": "benchmarks run for their figures",
+    "integration/test_benchmarks.py::test_latency_bench": "benchmarks run for their figures",
+    "integration/test_benchmarks.py::test_recovery_bench": (
+        "the warm standby's take-over (tests/spark/test_jobs.py)"
+    ),
+    "integration/yarn/test_yarn_exactly_once.py::"
+    "test_exactly_once_on_yarn_with_hdfs_across_driver_kill_partition_and_namenode_restart": (
+        "the HDFS lease tests (integration/hdfs) and the standalone cluster's killed-driver job"
+    ),
+    "integration/kafka/test_spark_kafka_parts.py::"
+    "test_sparks_kafka_source_into_the_kafka_exactly_once_sink_with_rows_routed_by_key": (
+        "the foreachBatch case of Spark's Kafka source routed by key into the Kafka sink"
+    ),
+    "integration/kafka/test_spark_kafka_parts.py::"
+    "test_sparks_kafka_source_read_in_order_runs_exactly_once_straight_into_the_kafka_sink": (
+        "the same case through foreachBatch on pyspark 3.5 (tests/releases)"
+    ),
+    "integration/jms/test_jms_conformance.py::TestJmsSinkConformance::"
+    "test_crash_and_recover[aggregate-*]": "the map suite's aggregate case",
     "integration/connect/test_connect_kafka_to_postgres.py::"
     "test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill": (
         "the two Connect servers' take-over of a job whose server is gone"
@@ -86,8 +118,6 @@ FULL_LANE_ONLY: dict[str, str] = {
     "integration/jms/test_jms_conformance.py::TestJmsSourceConformance::"
     "test_crash_and_recover[points-*-at-least-once]": "the same points at exactly-once",
 }
-LANE_ENV = "EPOCHAL_TEST_LANE"
-"""``full`` runs every test; unset (CI's lane) skips :data:`FULL_LANE_ONLY`."""
 
 
 def full_lane_reason(nodeid: str) -> str | None:
@@ -140,7 +170,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> No
 
     The hook runs in each xdist worker (they collect; the controller only schedules), where
     xdist has set ``dist`` to ``"no"`` and kept the mode as ``loadgroup`` instead."""
-    if os.environ.get(LANE_ENV) != "full":
+    if not FULL:
         for item in items:
             covered_by = full_lane_reason(item.nodeid)
             if covered_by is not None:
@@ -152,7 +182,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> No
     for item in items:
         units.setdefault(work_unit(item), []).append(item)
     known = _known_durations()
-    if os.environ.get(LANE_ENV) != "full":  # a skipped test costs nothing
+    if not FULL:  # a skipped test costs nothing
         known = {k: (0.0 if full_lane_reason(k) else v) for k, v in known.items()}
     ordered = order_by_cost(units, known)
     items[:] = [item for unit in ordered for item in units[unit]]

@@ -11,6 +11,7 @@ from epochal_jdbc.testing import JdbcSinkUnderTest, JdbcSourceUnderTest
 from epochal.testing import ConformanceSuite
 from epochal_map.testing import MapSinkUnderTest, MapSourceUnderTest
 from epochal_sdk import Guarantee
+from tests.lane import FULL
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -22,6 +23,7 @@ class TestJdbcSinkConformance(ConformanceSuite):
     records = 150
     records_per_batch = 50
     session_failures = False  # per contract: the map suite's transactional sink runs them
+    graceful_stop = FULL  # CI's lane: the map suite's real- and session-failures stop gracefully
     source_connector = "map"
     sink_connector = "jdbc"
 

@@ -12,6 +12,7 @@ from epochal_kafka.testing import KafkaSinkUnderTest, KafkaSourceUnderTest
 from epochal.testing import ConformanceSuite, Scenario
 from epochal_map.testing import MapSinkUnderTest, MapSourceUnderTest
 from epochal_sdk import Guarantee
+from tests.lane import FULL
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -52,6 +53,7 @@ class TestKafkaSinkConformance(ConformanceSuite):
     records_per_batch = 50
     aggregate = False  # Kafka → aggregation → Kafka runs in test_kafka_jobs.py
     session_failures = False  # per contract: the map suite's transactional sink runs them
+    graceful_stop = FULL  # CI's lane: the map suite's real- and session-failures stop gracefully
     source_connector = "map"
     sink_connector = "kafka"
 

@@ -150,7 +150,8 @@ class RealFailures:
         if self.producer is not None:
             self.producer.stop()
             notes.append(f"{self.producer.produced} records arrived while the job ran")
-            last = self._stopped_gracefully(third, notes)
+            if self.scenario.graceful_stop:
+                last = self._stopped_gracefully(third, notes)
         wait_for(lambda: last.poll() is not None, "the last supervisor to finish the job", 600)
         record = self.jobdir.load()
         if last.returncode != 0:

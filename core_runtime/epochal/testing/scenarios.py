@@ -46,6 +46,8 @@ class Scenario:
         master: the Spark master (``local[2]`` or ``local-cluster[...]``).
         pipeline: ``copy`` (record ID → key and value) or ``aggregate`` (running count and
             sum per group, in Spark state).
+        graceful_stop: real-failures and session-failures end with a graceful stop (a
+            suspend, a ``query.stop()``) and a last start that finishes the job.
     """
 
     kind: str
@@ -54,6 +56,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     master: str = LOCAL
     pipeline: str = "copy"
+    graceful_stop: bool = True
 
     @property
     def plan(self) -> str:

@@ -159,7 +159,8 @@ class SessionFailures:
         if self.producer is not None:
             self.producer.stop()
             notes.append(f"{self.producer.produced} records arrived while the job ran")
-            app, token = self._stopped_gracefully(app, token, notes)
+            if self.scenario.graceful_stop:
+                app, token = self._stopped_gracefully(app, token, notes)
         last = self._finished(app, token)
         record = self.jobdir.load()
         if last.returncode == 0:

@@ -119,6 +119,9 @@ class ConformanceSuite:
         session_failures: with ``real_failures``, also the plain-session half (default);
             off where another suite runs it for the same sink or source, or for the same
             contract (in a plain session the lease and the restarts are the runtime's).
+        graceful_stop: end the real-failures and session-failures scenarios with a
+            graceful stop (``jobs suspend``; a plain session's ``query.stop()``), checked for
+            anything left in doubt, and a last start (default).
         contract_checks: also run the contract checks of the contracts under test (no
             Spark; see :mod:`epochal.testing.contract_checks`).
     """
@@ -134,6 +137,7 @@ class ConformanceSuite:
     executor_kills: ClassVar[bool] = False
     real_failures: ClassVar[bool] = True
     session_failures: ClassVar[bool] = True
+    graceful_stop: ClassVar[bool] = True
     contract_checks: ClassVar[bool] = True
     source_connector: ClassVar[str] = ""
     sink_connector: ClassVar[str] = ""
@@ -206,6 +210,7 @@ class ConformanceSuite:
                         Fault(JOB_POINT, action="supervisor"),
                         Fault(cls.pause_point(), action="pause"),
                     ),
+                    graceful_stop=cls.graceful_stop,
                 )
             )
         if cls.real_failures and cls.session_failures:
@@ -218,6 +223,7 @@ class ConformanceSuite:
                         Fault("sink.after_commit", action="driver"),
                         Fault(cls.pause_point(), action="pause"),
                     ),
+                    graceful_stop=cls.graceful_stop,
                 )
             )
         return out
