@@ -82,6 +82,7 @@ def pyspark_release(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.mark.parametrize("pyspark_release", RELEASES, indirect=True)
+@pytest.mark.timeout(1200)  # a new environment, the kit's checks, the demo (up to 600 s)
 def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     pyspark_release: str, built_wheels: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -146,6 +147,7 @@ def _requirements_without_pyspark() -> list[str]:
     return sorted(found)
 
 
+@pytest.mark.timeout(1800)  # a new environment, then the cases' own run (up to 1500 s)
 def test_foreach_batch_crash_points_on_pyspark_3_5(
     built_wheels: dict[str, Path],
     kafka_server: KafkaServer,  # noqa: F811
