@@ -37,12 +37,11 @@ DURATIONS = ROOT / "tests" / "durations.json"
 #: covers it. A ``*`` in a node id stands for any text.
 FULL_LANE_ONLY: dict[str, str] = {
     "tests/releases/test_pyspark_releases.py::"
-    "test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal[4.1.4]": (
-        "the demo on 4.0.5 (the oldest: admission control refused) and the suite's 4.3"
+    "test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal[*]": (
+        "the demo on the suite's own pyspark (tests/quickstart)"
     ),
-    "tests/releases/test_pyspark_releases.py::"
-    "test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal[4.2.1]": (
-        "the demo on 4.0.5 (the oldest: admission control refused) and the suite's 4.3"
+    "tests/releases/test_pyspark_releases.py::test_foreach_batch_crash_points_on_pyspark_3_5": (
+        "the foreachBatch cases on the suite's own pyspark (integration/kafka)"
     ),
     "integration/test_benchmarks.py::test_scale_bench": (
         "the throughput smoke at 2 partitions (test_kafka_bench); the age bound is counted "
@@ -54,13 +53,10 @@ FULL_LANE_ONLY: dict[str, str] = {
     "integration/test_benchmarks.py::test_flink_bench": "a peer's figures, not epochal's code",
     "integration/test_benchmarks.py::test_jms_bench": "the JMS connector's kit cases",
     "integration/test_benchmarks.py::test_kafka_jdbc_bench": "test_kafka_bench, the JDBC kit",
-    "integration/kafka/test_foreach_batch.py::test_kafka_source_into_the_jdbc_2pc_sink": (
-        "the same case on pyspark 3.5 (tests/releases), where foreachBatch writers are used"
-    ),
     "integration/kafka/test_foreach_batch.py::"
-    "test_kafka_source_into_the_kafka_sink[read-in-order]": "the same case on pyspark 3.5",
+    "test_kafka_source_into_the_kafka_sink[read-in-order]": "the 2PC case into the JDBC sink",
     "integration/kafka/test_foreach_batch.py::"
-    "test_update_mode_aggregation_into_the_jdbc_upsert_sink": "the same case on pyspark 3.5",
+    "test_update_mode_aggregation_into_the_jdbc_upsert_sink": "the 2PC case into the JDBC sink",
     "integration/test_smoke_spark_cluster.py::test_job_survives_a_killed_worker": (
         "integration/cluster: exactly-once through a lost worker and a killed driver"
     ),
@@ -105,10 +101,25 @@ FULL_LANE_ONLY: dict[str, str] = {
     ),
     "integration/kafka/test_spark_kafka_parts.py::"
     "test_sparks_kafka_source_read_in_order_runs_exactly_once_straight_into_the_kafka_sink": (
-        "the same case through foreachBatch on pyspark 3.5 (tests/releases)"
+        "the foreachBatch case routed by key into the Kafka sink"
     ),
     "integration/jms/test_jms_conformance.py::TestJmsSinkConformance::"
     "test_crash_and_recover[aggregate-*]": "the map suite's aggregate case",
+    "integration/connect/test_connect_two_servers.py::"
+    "test_two_servers_on_one_job_one_runs_it_the_other_takes_over_when_it_is_gone": (
+        "the warm standby's take-over of a killed driver (tests/spark/test_jobs.py) and the "
+        "refusals over Spark Connect (test_connect_kafka_to_postgres.py)"
+    ),
+    "tests/quickstart/test_outside_connector.py::"
+    "test_the_page_for_outside_connector_authors_works_as_written": (
+        "the guide's package, installed, passing one kit case per contract"
+    ),
+    "tests/conformance/test_map_conformance.py::TestMapConformance::"
+    "test_crash_and_recover[points-idempotent-at-least-once]": (
+        "the same points at exactly-once, and the transactional sink's at at-least-once"
+    ),
+    "integration/jms/test_jms_conformance.py::TestJmsSinkConformance::"
+    "test_crash_and_recover[points-idempotent-at-least-once]": "the same points at exactly-once",
     "integration/connect/test_connect_kafka_to_postgres.py::"
     "test_exactly_once_kafka_to_postgres_over_spark_connect_across_a_server_kill": (
         "the two Connect servers' take-over of a job whose server is gone"

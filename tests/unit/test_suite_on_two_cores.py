@@ -183,6 +183,6 @@ def test_the_full_lane_names_tests_that_exist_and_only_those() -> None:
     assert not conftest.full_lane_reason(
         f"{jdbc}test_crash_and_recover[points-idempotent-exactly-once]"
     )
-    release = "tests/releases/test_pyspark_releases.py::test_the_demo_is_exactly_once_on_a_pyspark"
-    assert conftest.full_lane_reason(f"{release}_installed_before_epochal[4.1.4]")
-    assert not conftest.full_lane_reason(f"{release}_installed_before_epochal[4.0.5]")
+    kit = "tests/conformance/test_map_conformance.py::TestMapConformance::test_crash_and_recover"
+    assert conftest.full_lane_reason(f"{kit}[points-idempotent-at-least-once]")
+    assert not conftest.full_lane_reason(f"{kit}[points-transactional-at-least-once]")
