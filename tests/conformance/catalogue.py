@@ -273,6 +273,7 @@ def spark_problem(
         records=300,
         per_batch=100,
         pool=pool,
+        replayable=contract != "acknowledging",
     )
     return scenario_problem(scenario, outcome, source, sink)  # type: ignore[arg-type]
 

@@ -310,6 +310,7 @@ class ConformanceSuite:
             records=self.records,
             per_batch=self.records_per_batch,
             pool=epochal_driver_pool,
+            replayable=self.source_contract == "replayable",
         )
         request.node.user_properties.append(("epochal", outcome.summary()))
         problem = scenario_problem(scenario, outcome, epochal_source, epochal_sink)
