@@ -80,24 +80,13 @@ def run_case(
     with open(f"{jobdir.path}/{SPEC_FILE}", "w") as fh:
         json.dump(spec, fh)
     notes: list[str] = []
-    if scenario.kind == "real-failures":
+    if scenario.kind in ("real-failures", "session-failures"):
         producer = KeepProducing(source.produce, first=len(ids))
-        record = RealFailures(
+        restarted = RealFailures if scenario.kind == "real-failures" else SessionFailures
+        record = restarted(
             jobdir,
             scenario,
-            config,
-            seed=name,
-            temp_dir=scenario_temp_dir(snapshot_dir),
-            producer=producer,
-            in_doubt=sink.in_doubt,
-        ).run(notes)
-        ids += producer.ids  # every produced record is counted
-    elif scenario.kind == "session-failures":
-        producer = KeepProducing(source.produce, first=len(ids))
-        record = SessionFailures(
-            jobdir,
-            scenario,
-            spec,
+            config if scenario.kind == "real-failures" else spec,  # type: ignore[arg-type]
             seed=name,
             temp_dir=scenario_temp_dir(snapshot_dir),
             producer=producer,
