@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
+NO_SMOKE = "no smoke of it: benchmarks are run for their figures"
+"""What covers a benchmark's smoke in CI's lane: nothing; the command is run for figures."""
 #: The proofs CI's lane leaves to the full lane (``EPOCHAL_TEST_LANE=full make test``): each
 #: repeats, on another release, connector or guarantee, what a test of the CI lane proves, so
 #: CI's 90 minutes on two cores hold the rest. The value says which test of the CI lane
@@ -50,9 +52,9 @@ FULL_LANE_ONLY: dict[str, str] = {
     "integration/test_benchmarks.py::test_fastpath_bench": (
         "the latency smoke, which runs the fast path's sink as a foreachBatch writer"
     ),
-    "integration/test_benchmarks.py::test_flink_bench": "a peer's figures, not epochal's code",
+    "integration/test_benchmarks.py::test_flink_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_jms_bench": "the JMS connector's kit cases",
-    "integration/test_benchmarks.py::test_kafka_jdbc_bench": "test_kafka_bench, the JDBC kit",
+    "integration/test_benchmarks.py::test_kafka_jdbc_bench": NO_SMOKE,
     "integration/kafka/test_foreach_batch.py::"
     "test_kafka_source_into_the_kafka_sink[read-in-order]": "the 2PC case into the JDBC sink",
     "integration/kafka/test_foreach_batch.py::"
@@ -86,8 +88,8 @@ FULL_LANE_ONLY: dict[str, str] = {
     "integration/test_soak.py::test_a_small_soak_loses_and_duplicates_nothing": (
         "the kit's random kills of drivers and Python workers in every real-failures case"
     ),
-    "integration/test_benchmarks.py::test_kafka_bench": "benchmarks run for their figures",
-    "integration/test_benchmarks.py::test_latency_bench": "benchmarks run for their figures",
+    "integration/test_benchmarks.py::test_kafka_bench": NO_SMOKE,
+    "integration/test_benchmarks.py::test_latency_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_recovery_bench": (
         "the warm standby's take-over (tests/spark/test_jobs.py)"
     ),
