@@ -183,6 +183,10 @@ def test_the_full_lane_names_tests_that_exist_and_only_those() -> None:
     assert not conftest.full_lane_reason(
         f"{jdbc}test_crash_and_recover[points-idempotent-exactly-once]"
     )
+    spark_kafka = "integration/kafka/test_spark_kafka_source.py::TestSparkKafkaSourceIntoKafka::"
+    assert conftest.full_lane_reason(
+        f"{spark_kafka}test_crash_and_recover[points-transactional-exactly-once]"
+    )
     kit = "tests/conformance/test_map_conformance.py::TestMapConformance::test_crash_and_recover"
     assert conftest.full_lane_reason(f"{kit}[points-idempotent-at-least-once]")
     assert not conftest.full_lane_reason(f"{kit}[points-transactional-at-least-once]")
