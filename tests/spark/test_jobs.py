@@ -18,11 +18,13 @@ import pytest
 
 from epochal import Job, JobConfig, JobStatus
 from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.driver.guards import BATCH_IN_FLIGHT_NOTE, SOURCE_RUNNER_MODULE
 from epochal.parts import registry
 from epochal.startup.session import SessionProfile
 from epochal.startup.warmup import PYSPARK_IDLE_CHECK_SECONDS, PYSPARK_IDLE_WORKER_SECONDS
 from epochal.state import retention
+from epochal.state.layout import FAULTS
 from epochal.state.manifests import MANIFESTS, manifest_key
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
 from epochal_map import MapStore
@@ -119,24 +121,38 @@ def test_a_lost_checkpoint_is_refused_on_restart(tmp_path: Path, map_path: str) 
     assert "checkpoint" in record.failure
 
 
+#: A task of batch 4 (the first after the 200 records) stalls after it prepared: the suspend
+#: finds it there.
+STALLED_AFTER_PREPARE = "sink.after_prepare@4:stall"
+
+
 def test_suspend_resume_and_cancel(tmp_path: Path, map_path: str) -> None:
-    config = _config(tmp_path, available_now=False, snapshot_interval=0.5)
+    """A suspend that stops a batch whose task prepared (and stalled) leaves nothing in
+    doubt; the resumed job writes that batch, and a job with 20 000 batches' manifests
+    restarts and trims them; a cancel deletes the snapshots."""
+    config = _config(
+        tmp_path, available_now=False, snapshot_interval=0.5, faults=STALLED_AFTER_PREPARE
+    )
     job = Job.submit("lifecycle", "pipelines:copy", config, report=lambda line: None)
     _wait(lambda: len(_output(map_path)) == 200, "the first 200 records")
+    with MapStore(map_path) as store:  # batch 4: its task prepares, then stalls
+        store.append_events("input", [(str(i), f"v{i}") for i in range(200, 300)])
+    faults = FaultPlan.parse(STALLED_AFTER_PREPARE, f"{job.jobdir.path}/{FAULTS}")
+    _wait(lambda: bool(faults.fired()), "batch 4's task to prepare and stall")
+    assert _prepared(map_path), "the stalled task of batch 4 prepared nothing"
     job.suspend()
     assert job.join(120).status == JobStatus.SUSPENDED
+    assert _prepared(map_path) == [], "the suspend left batch 4's transaction prepared"
+    assert len(_output(map_path)) == 200  # batch 4 was never decided
     assert os.path.isdir(job.jobdir.checkpoint)
     batch = job.status().progress["batch"]
-
-    with MapStore(map_path) as store:  # more data while suspended
-        store.append_events("input", [(str(i), f"v{i}") for i in range(200, 300)])
     # the manifests of a job 20 000 batches old, as an epochal before the retention left them
     manifests = Path(job.jobdir.store.base) / MANIFESTS
     newest = manifests / max(os.listdir(manifests))
     for old in range(batch - 20_000, batch - retention.MANIFEST_BATCHES):
         os.link(newest, manifests / manifest_key(old).rsplit("/", 1)[1])
     job.resume(report=lambda line: None)
-    _wait(lambda: len(_output(map_path)) == 300, "the 100 records added while suspended")
+    _wait(lambda: len(_output(map_path)) == 300, "the 100 records of batches 4 and 5")
     assert _output(map_path) == {str(i): f"v{i}" for i in range(300)}
     # the sink's output lands inside the batch; the job record's progress only after it (a
     # listener event), so wait for it rather than read it at once

@@ -22,6 +22,9 @@ Actions (the default is ``driver`` for driver points, ``executor`` for executor 
 ``pause``       SIGSTOP the supervisor and every process of the driver run (a paused
                 machine, a long GC): the test resumes it later to check that the zombie
                 does nothing once another supervisor took the job over.
+``stall``       SIGSTOP only the process that reached the point (a task stuck where a
+                stop finds it: a worker in a long GC, a hung call): the run goes on around
+                it until a stop or a kill of the run ends it.
 
 The process that fires a fault first records a marker in ``<job>/faults`` (with the pids it
 is about to kill or stop, and the run's token), then acts. A run that a fault ended or
@@ -64,7 +67,7 @@ EXECUTOR_POINTS = {
     "sink.after_flush": "idempotent sink: a task flushed its upserts, not yet reported",
 }
 POINTS = {**DRIVER_POINTS, **EXECUTOR_POINTS}
-ACTIONS = ("driver", "executor", "worker", "supervisor", "pause")
+ACTIONS = ("driver", "executor", "worker", "supervisor", "pause", "stall")
 RUN_ENDING_ACTIONS = ("driver", "supervisor", "pause")
 """Actions after which the run they hit fires no more faults (it is ended or a zombie)."""
 
@@ -228,6 +231,9 @@ def _act(fault: Fault, batch: int | None) -> None:
             _signal(pid, signal.SIGSTOP)
         os.kill(os.getpid(), signal.SIGSTOP)
         return  # resumed (SIGCONT): carry on as a zombie would
+    if kind == "stall":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return  # resumed (SIGCONT): carry on
     if kind == "supervisor":
         if supervisor:
             _signal(supervisor, signal.SIGKILL)

@@ -252,7 +252,7 @@ class Supervisor(LeaseRenewal):
             if record.requested == "cancel":
                 return self._cancelled()
             if record.requested == "suspend":
-                return self._finish(JobStatus.SUSPENDED, None, keep_request=False)
+                return self._suspended()
             if outcome.code == EXIT_DONE and not outcome.killed:
                 return self._finish(JobStatus.COMPLETED, None)
             restartable = outcome.killed or outcome.code in (EXIT_RESTARTABLE, EXIT_FENCED)
@@ -413,6 +413,30 @@ class Supervisor(LeaseRenewal):
             return self._finish(JobStatus.CANCELLED, f"snapshots kept: {exc}")
         self.jobdir.delete_snapshots()
         return self._finish(JobStatus.CANCELLED, None)
+
+    def _suspended(self) -> JobRecord:
+        """The job's driver has ended on a suspend request and every process of its run is
+        gone: settle what the stopped query left in doubt (a batch the stop interrupted may
+        have prepared transactions its driver never decided), so that a suspended job holds
+        nothing open in its sinks (no staged data, no database locks) while it waits. The
+        snapshots stay. A sink that cannot be settled now is reported; the next run's
+        recovery settles it before its first batch."""
+        from epochal.parts.settling import job_incarnation, settle_sinks
+
+        done, unsettled = settle_sinks(
+            self.jobdir.store,
+            self.jobdir.name,
+            job_incarnation(self.jobdir),
+            fence=self._fence().check,
+        )
+        for _, line in done:
+            self.report(f"[{self.jobdir.name}] suspend: settled {line}")
+        for sink in unsettled:
+            self.report(
+                f"[{self.jobdir.name}] suspend: {sink.describe()}; the next run (`jobs resume`) "
+                "settles them before its first batch"
+            )
+        return self._finish(JobStatus.SUSPENDED, None, keep_request=False)
 
     def _finish(
         self, status: JobStatus, failure: str | None, keep_request: bool = False

@@ -193,7 +193,8 @@ def parser() -> argparse.ArgumentParser:
         "phase, its runs and its parts' metrics; metrics: the job's metrics in Prometheus "
         "text format; cancel: stop it, settle what it left in doubt and delete its snapshots "
         "(refused, with the transactions and the command to settle them, when a sink cannot "
-        "be reached); suspend: stop it, keep "
+        "be reached); suspend: stop it, settle what the stop left in doubt (a sink that "
+        "cannot be reached is settled by the next run), keep "
         "the snapshots; resume: run it again from its last snapshot, supervised by this "
         "process (after the lease of a previous supervisor expired, at once if that one is "
         "known dead); verify: check its snapshot data",

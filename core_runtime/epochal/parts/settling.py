@@ -1,6 +1,7 @@
 """Settling what a job left in doubt when one of its sinks goes away, in one place: before
 ``jobs cancel`` or ``run --replace`` delete a job's snapshots (:func:`settle_before_deleting`),
-and at the start of a run whose query no longer has a sink the job's last run wrote to
+when a supervised job is suspended (its snapshots stay), when a plain session's query was
+stopped, and at the start of a run whose query no longer has a sink the job's last run wrote to
 (:func:`settle_sinks`). Each transactional sink the job's snapshot store records
 (:mod:`epochal.parts.records`) is built from its recorded options and settled as
 ``epochal in-doubt settle`` settles it (commit the decided, roll back the rest); a sink that

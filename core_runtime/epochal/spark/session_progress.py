@@ -25,7 +25,7 @@ from epochal.state.manifests import record_manifest
 log = logging.getLogger("epochal.session_progress")
 
 
-@dataclass(frozen=True)
+@dataclass
 class SessionQuery:
     """A query of a plain session that holds its job's lease: the job's directory, the
     driver's session record, Spark's checkpoint of the query, and whether it runs until its
@@ -35,6 +35,8 @@ class SessionQuery:
     record: str
     checkpoint: str | None
     available_now: bool
+    run: int | None = None
+    """The job's run this query is, once it committed a batch (its transactions carry it)."""
 
     @classmethod
     def of(cls, query: Any, job_dir: str, record: str) -> SessionQuery:
@@ -66,6 +68,7 @@ class SessionQuery:
         if self.checkpoint:
             record_manifest(jobdir.state_dir(fence.epoch), batch, fence, self.checkpoint)
         with jobdir.update(fence) as current:
+            self.run = current.run
             if rows == 0 and current.progress.get("batch") == batch:
                 return
             current.progress = {
@@ -86,6 +89,30 @@ class SessionQuery:
             exposition.write_textfile(jobdir)
         except Exception:  # metrics never fail a batch
             log.warning("metrics of batch %s not collected", batch, exc_info=True)
+
+    def settle_stopped(self, report: Any) -> None:
+        """The query stopped without a failure (a ``query.stop()``, or an available-now run
+        that finished) and none of its tasks runs any more: settle what it left in doubt in
+        the job's transactional sinks (a batch the stop interrupted may have prepared
+        transactions its driver never decided), so the stopped job holds nothing open in
+        them: those of this run and earlier ones only, never a later query's of the job.
+        Each sink's outcome goes to ``report``; one that cannot be settled now is settled by
+        the next start's recovery (so is a query that never committed a batch)."""
+        held = self._held()
+        if held is None or self.run is None:
+            return
+        from epochal.parts.settling import job_incarnation, settle_sinks
+
+        jobdir, fence = held
+        done, unsettled = settle_sinks(
+            jobdir.store,
+            jobdir.name,
+            job_incarnation(jobdir),
+            run=self.run + 1,
+            fence=fence.check,
+        )
+        for line in [line for _, line in done] + [sink.describe() for sink in unsettled]:
+            report(f"epochal: job {jobdir.name!r}, its query stopped: {line}")
 
     def ended(self, failure: str | None) -> None:
         """The query ended: an available-now run that ended without a failure finished its

@@ -7,8 +7,8 @@ starts it again until it succeeds.
 
 ``python -m epochal.testing.session_app CHECKPOINT [STOP_FILE]`` with the kit's spec in
 ``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.pipelines`): once ``STOP_FILE`` exists, the
-application stops its query (``query.stop()``, as a deployment's shutdown hook does) and
-exits with :data:`STOPPED`.
+application stops its query and its session (``query.stop()`` and ``spark.stop()``, as a
+deployment's shutdown hook does) and exits with :data:`STOPPED`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         while not query.awaitTermination(0.2):
             if stop_file and os.path.exists(stop_file):  # a graceful stop, as a shutdown hook
                 query.stop()
+                spark.stop()  # as a shutdown hook does; epochal's listener settles first
                 return STOPPED
     except Exception as exc:  # the query failed: say why, exit non-zero for the restarter
         sys.stderr.write(f"session app: the query failed: {exc}\n")
