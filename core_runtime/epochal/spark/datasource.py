@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -319,6 +320,12 @@ def _check_queries_of(spark: SparkSession) -> None:
         listener = _SessionCheck(spark)
         spark.streams.addListener(listener)
         setattr(spark, _SESSION_CHECK, listener)
+        atexit.register(listener.drain, DRAIN_SECONDS)
+
+
+DRAIN_SECONDS = 30.0
+"""How long an application's exit waits for the session check to have the end of its
+stopped queries (:meth:`_SessionCheck.drain`)."""
 
 
 _SESSION_CHECK = "_epochal_session_check"
@@ -331,9 +338,33 @@ class _SessionCheck(StreamingQueryListener):
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
+        self.session: SparkSession = spark  # typed: Spark's listener types its own Optional
         self.driver: DriverJvm | None = None
         self.fence = QueryFence(spark)
         self.queries: dict[str, SessionQuery] = {}
+        self.unfinished: set[str] = set()
+        """The runs of the session's job queries whose end this listener has not yet
+        written (Spark delivers it a moment after the query stopped)."""
+
+    def drain(self, seconds: float) -> bool:
+        """At the application's exit: wait until this listener has written the end of every
+        job query of the session that is no longer running, at most ``seconds``. Spark
+        delivers a query's last progress and its end to listeners after
+        ``awaitTermination()`` returns; a script that ends right after it would otherwise
+        leave its job's record at an earlier batch and never ``COMPLETED``. Returns whether
+        nothing was left."""
+        deadline = time.monotonic() + seconds
+        while self.unfinished:
+            try:
+                active = {str(q.runId) for q in self.session.streams.active}
+            except Exception:  # the session is stopped: its listener bus was drained
+                return True
+            if not self.unfinished - active:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def onQueryStarted(self, event: Any) -> None:
         try:
@@ -347,6 +378,7 @@ class _SessionCheck(StreamingQueryListener):
                     self.queries[str(event.runId)] = SessionQuery.of(
                         query, str(verdict["job_dir"]), record
                     )
+                    self.unfinished.add(str(event.runId))
         except Exception as exc:  # the check must not break the query; say what it missed
             log.warning(
                 "epochal: query %s could not be checked, Spark's own sources and sinks of it "
@@ -374,6 +406,12 @@ class _SessionCheck(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
+        try:
+            self._terminated(event)
+        finally:
+            self.unfinished.discard(str(event.runId))
+
+    def _terminated(self, event: Any) -> None:
         query = self.queries.pop(str(event.runId), None)
         if query is not None and not event.exception:
             try:

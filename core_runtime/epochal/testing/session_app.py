@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from epochal.testing.scenarios import TEST_SPARK_CONF
 
     spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))
-    if _uses_epochal_data_sources(spec):
+    if uses_epochal_data_sources(spec):
         from epochal.spark.datasource import register
 
         register(spark)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _uses_epochal_data_sources(spec: dict) -> bool:
+def uses_epochal_data_sources(spec: dict) -> bool:
     """Whether the pipeline reads or writes an epochal connector as a Spark data source (it
     then needs ``epochal.register``, and pyspark 4); Spark's own source into a
     ``foreachBatch`` writer needs neither, and runs on pyspark 3.5 too."""

@@ -15,9 +15,11 @@ and once (the split brain) while the old driver still lives.
    quarter TTL), and the application exits; B decides, acknowledges and writes nothing.
 3. C's whole driver and one of its Python workers are killed at random moments; the
    restarter starts the next driver each time.
-4. The application is stopped gracefully (``query.stop()`` in its driver, as a deployment's
-   shutdown hook does); nothing is left in doubt; the restarter starts it again until one
-   finishes the data.
+4. The application is stopped gracefully (``query.stop()`` and ``spark.stop()`` in its
+   driver, as a deployment's shutdown hook does); nothing is left in doubt; the restarter
+   starts it again until one finishes the data and exits right after
+   ``awaitTermination()``: its job must show ``COMPLETED`` at the last batch of Spark's
+   commit log (an application that uses epochal's formats).
 
 All along, records keep arriving (:class:`~epochal.testing.real_failures.KeepProducing`),
 and each start of the application gives the source's batches another number of tasks (2 for
@@ -50,7 +52,7 @@ from epochal.testing.scenarios import (
     wait_for,
     with_temp_dir,
 )
-from epochal.testing.session_app import STOPPED
+from epochal.testing.session_app import STOPPED, uses_epochal_data_sources
 
 APP_MODULE = "epochal.testing.session_app"
 MAX_STARTS = 12
@@ -163,12 +165,36 @@ class SessionFailures:
                 app, token = self._stopped_gracefully(app, token, notes)
         last = self._finished(app, token)
         record = self.jobdir.load()
-        if last.returncode == 0:
+        shown = self._shown_wrongly(record) if last.returncode == 0 else None
+        if shown:
+            record.status = JobStatus.FAILED
+            record.failure = shown
+        elif last.returncode == 0:
             record.status = JobStatus.COMPLETED
         else:
             record.status = JobStatus.FAILED
             record.failure = f"the application ended with {last.returncode}: {self._logs()}"
         return record
+
+    def _shown_wrongly(self, record: JobRecord) -> str | None:
+        """What is wrong with the job as ``jobs status`` shows it once its application
+        finished and exited (right after ``awaitTermination()``): an application that
+        registered epochal's formats has its job ``COMPLETED`` at the last batch of Spark's
+        commit log. None when that holds (or the pipeline has no epochal data source, so
+        nothing in the application writes the job's record)."""
+        if not uses_epochal_data_sources(self.spec):
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            names = os.listdir(f"{self.checkpoint}/commits")
+            last = max((int(n) for n in names if n.isdigit()), default=-1)
+            shown = record.progress.get("batch", -1)
+            if record.status != JobStatus.COMPLETED or shown != last:
+                return (
+                    f"the application finished its data and exited, but its job shows "
+                    f"{record.status.value} at batch {shown}, not COMPLETED at batch {last} "
+                    "(the last of Spark's commit log)"
+                )
+        return None
 
     def _start(self, tag: str) -> tuple[subprocess.Popen[str], str]:
         """Start the user's application as a restarter does (a new run token names all of
