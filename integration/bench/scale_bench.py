@@ -72,6 +72,8 @@ class PartitionFigures:
     ratios: dict[str, list[float]] = field(default_factory=dict)
     small_ms: dict[str, list[float]] = field(default_factory=dict)
     complete: dict[str, bool] = field(default_factory=dict)
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    """Per way, why a round's query failed (it has no figure for that round)."""
 
 
 def measure_partitions(
@@ -105,7 +107,13 @@ def measure_partitions(
         for number in range(rounds):
             turn: dict[str, float] = {}
             for way in rotated(ways, number):
-                run = bench.run(way, f"p{count}-r{number}")
+                try:
+                    run = bench.run(way, f"p{count}-r{number}")
+                except Exception as exc:  # reported, and the other ways still measured
+                    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                    figures.failures.setdefault(way, []).append(why)
+                    log(f"{count:>4} partitions, round {number + 1}/{rounds} {way:22} FAILED {why}")
+                    continue
                 turn[way] = run.steady
                 figures.rates.setdefault(way, []).append(run.steady)
                 figures.complete[way] = figures.complete.get(way, True) and run.output == records
@@ -119,7 +127,8 @@ def measure_partitions(
                 log(line + ("" if run.output == records else f"  OUTPUT {run.output} != {records}"))
             if turn.get(BUILTIN):
                 for way in (EXACTLY_ONCE, AT_LEAST_ONCE):
-                    figures.ratios.setdefault(way, []).append(turn[way] / turn[BUILTIN])
+                    if turn.get(way):
+                        figures.ratios.setdefault(way, []).append(turn[way] / turn[BUILTIN])
         for topic in (bench.source, small_topic):
             bench.drop_topic(topic)
         out.append(figures)
@@ -142,6 +151,9 @@ def partitions_table(figures: list[PartitionFigures]) -> str:
                 f"{quantile(small, 0.5):>12.0f} ms {quantile(small, 0.9):>6.0f}  "
                 f"{'every record once' if f.complete.get(way) else 'MISMATCH'}"
             )
+    for f in figures:
+        for way, whys in f.failures.items():
+            lines.append(f"{f.partitions:>10} {way:22} {len(whys)} round(s) failed: {whys[0]}")
     if len(figures) >= 2 and figures[0].ratios.get(EXACTLY_ONCE):
         first = figures[0]
         for f in figures[1:]:
@@ -252,12 +264,14 @@ def measure_age(
     for age in ages:
         store = job.jobdir.store
         listing = Path(store.base) / manifests.MANIFESTS
-        newest = max(listing.iterdir())
+        kept = sorted(listing.iterdir())  # links spread over them: a file has at most 65 000
         batch = int(job.status().progress["batch"])
-        for old in range(max(0, batch - age), batch - 100):
+        # the job's own newest 100 stay; the older ones get the numbers below them (below 0
+        # for the oldest: the job ran only ``start_batches`` batches), as many as ``age`` asks
+        for old in range(batch - age, batch - 100):
             target = listing / manifests.manifest_key(old).rsplit("/", 1)[1]
             if not target.exists():
-                os.link(newest, target)
+                os.link(kept[old % len(kept)], target)
         before = _entries(store.base)
         with MapStore(source) as map_store:
             map_store.append_events(
@@ -268,10 +282,12 @@ def measure_age(
         started = time.monotonic()
         try:
             resumed = Job("aged", job.jobdir.snapshot_dir).resume(report=lambda line: None)
+            deadline = started + 600
             while job.status().progress.get("batch", -1) <= batch:
                 time.sleep(0.02)
-                if resumed.status().status.finished:
-                    break
+                # the record says COMPLETED (the last run's) until the resumed run starts
+                if resumed.status().status == JobStatus.FAILED or time.monotonic() > deadline:
+                    raise RuntimeError(f"the resumed job made no batch: {job.status().failure}")
         finally:
             _Reads.active = None
         took = time.monotonic() - started
