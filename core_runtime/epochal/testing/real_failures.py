@@ -13,16 +13,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from epochal.base import processes
-from epochal.base.fault_plan import FaultPlan
+from epochal.base.fault_plan import EXECUTOR_POINTS, FaultPlan
 from epochal.config import JobConfig
 from epochal.control.job_requests import request, submit
 from epochal.driver.guards import SOURCE_RUNNER_MODULE as SOURCE_RUNNER
 from epochal.pipelines import SPEC_FILE
 from epochal.protocols.two_phase import recorded_decisions
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.state.layout import LEASE_RECORD
+from epochal.state.store import put_record
 from epochal.testing.scenarios import Scenario, driver_log_tail, wait_for, with_temp_dir
+from epochal_sdk import TransactionId
 
 
 class RealFailures:
@@ -36,7 +40,12 @@ class RealFailures:
     3. The second fault pauses B and its whole driver run (SIGSTOP) at the most dangerous
        step. Supervisor C resumes the job: it must wait for the lease to expire, then take
        over at a new epoch. Once C committed a batch, the zombie is resumed (SIGCONT): it
-       must stop without deciding, acknowledging or writing anything.
+       must stop without deciding, acknowledging or writing anything. Where the sink under
+       test is transactional, the pause comes from one of B's write tasks after it wrote its
+       rows (``sink.after_write``), B is taken for a holder on another machine, and B's
+       supervisor and driver are lost (SIGKILL) before that task alone is woken, as an
+       executor cut off from a replaced driver would be: it must prepare nothing
+       (:meth:`_zombie_write_task`).
     4. While C runs, its whole driver run and one of its Python workers are killed, in
        random order, at random moments.
     5. C is suspended, gracefully (``jobs suspend``: its query stops, its sinks' and
@@ -112,6 +121,8 @@ class RealFailures:
         # the pause's marker and B's SIGSTOP, which only makes C wait longer)
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         paused_at = float(zombie["at"])
+        if pause.point in EXECUTOR_POINTS:
+            elsewhere(self.jobdir)
         set_tasks(self.jobdir, 1)
         third = self._supervise("c")
         wait_for(
@@ -130,19 +141,24 @@ class RealFailures:
             f"take-over {waited:.1f}s after the zombie's last renewal, "
             f"{float(taken['started']) - paused_at:.1f}s after its pause (lease ttl {ttl}s)"
         )
-        for pid in [int(zombie["supervisor"]), *processes.processes_of(str(zombie["token"]))]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        resumed = time.monotonic()
-        wait_for(
-            lambda: second.poll() is not None and not processes.processes_of(str(zombie["token"])),
-            "the zombie (supervisor B and its driver run) to stop",
-            60,
-        )
-        notes.append(
-            f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (supervisor B "
-            f"exit {second.returncode})"
-        )
+        if pause.point in EXECUTOR_POINTS:
+            self._zombie_write_task(second, zombie, int(taken["run"]), notes)
+        else:
+            for pid in [int(zombie["supervisor"]), *processes.processes_of(str(zombie["token"]))]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            wait_for(
+                lambda: (
+                    second.poll() is not None and not processes.processes_of(str(zombie["token"]))
+                ),
+                "the zombie (supervisor B and its driver run) to stop",
+                60,
+            )
+            notes.append(
+                f"zombie stopped {time.monotonic() - resumed:.1f}s after SIGCONT (supervisor B "
+                f"exit {second.returncode})"
+            )
         check_zombie_wrote_nothing(self.jobdir, zombie, zombie_epoch, notes)
         done = self._random_kills(third, notes, kills=2)
         assert done == 2, f"only {done} of 2 random kills happened before the job ended: {notes}"
@@ -206,6 +222,58 @@ class RealFailures:
         assert not left, f"the graceful stop left transactions in doubt: {left}"
         notes.append(f"suspended at batch {self.jobdir.load().progress.get('batch')}, gracefully")
         return self._supervise("d")
+
+    def _zombie_write_task(
+        self, supervisor: subprocess.Popen[str], zombie: dict, taker_run: int, notes: list[str]
+    ) -> None:
+        """The zombie is a write task: B's supervisor and driver are lost (SIGKILL, as when
+        their machine is gone) while the task's Python worker, paused after it wrote its
+        rows, lives on (an executor on another machine, cut off from its driver: B's lease
+        was marked as held elsewhere, see :func:`elsewhere`). Woken (SIGCONT) once C has
+        committed a batch, it must prepare nothing: no transaction of a run before C's
+        (``taker_run``) may be in doubt when it has ended, since C's recovery settled every
+        one that was."""
+        task, token = int(zombie["pid"]), str(zombie["token"])
+        assert processes.alive(task), "the zombie write task is gone before its driver"
+        # woken first: a process still stopped when the last of its driver run's others dies
+        # gets SIGHUP from the kernel (an orphaned process group with a stopped member)
+        os.kill(task, signal.SIGCONT)
+        woken = time.monotonic()
+        supervisor.kill()
+        supervisor.wait()
+        wait_for(
+            lambda: not [p for p in processes.processes_of(token) if p != task and _kill(p)],
+            "the zombie's driver run to die, its write task kept",
+            30,
+        )
+        wait_for(
+            lambda: not processes.alive(task) or bool(self._prepared_before(taker_run)),
+            "the zombie write task to end",
+            60,
+        )
+        prepared = self._prepared_before(taker_run)
+        assert not prepared, (
+            f"the zombie write task (batch {zombie.get('batch')}), woken after the take-over "
+            f"by run {taker_run}, prepared {prepared}: a task of a driver that lost the job "
+            "must prepare nothing (they stay in doubt, holding their locks, until a later "
+            "recovery)"
+        )
+        notes.append(
+            f"zombie write task of batch {zombie.get('batch')} woken after the take-over: "
+            f"ended {time.monotonic() - woken:.1f}s later, nothing prepared"
+        )
+
+    def _prepared_before(self, run: int) -> list[str]:
+        """The sink's transactions in doubt that a run before ``run`` prepared (those whose id
+        is the runtime's transaction id: a sink that shows others cannot be told apart)."""
+        if self.in_doubt is None:
+            return []
+        out = []
+        for text in self.in_doubt():
+            txn = TransactionId.parse(text)
+            if txn is not None and txn.run < run:
+                out.append(text)
+        return out
 
     def _restarted_run_committed(self, batch: int) -> bool:
         record = self.jobdir.load()
@@ -280,6 +348,24 @@ class RealFailures:
                 notes.append(f"random kill after batch {at}: the whole driver run")
                 done += 1
         return done
+
+
+def elsewhere(jobdir: JobDirectory) -> None:
+    """Mark the job's lease as held on another machine (its holder is paused: nothing
+    renews it meanwhile). A new holder then takes it only once it expired, and leaves the
+    old holder's processes alone, as it must for a holder it cannot see: on one machine it
+    ends every process of the old holder's driver runs, a zombie write task included."""
+    lease = jobdir.lease.read()
+    assert lease is not None, "the job has no lease"
+    moved = replace(lease, host=f"{lease.host}.elsewhere")
+    put_record(jobdir.lease.files, LEASE_RECORD, moved.to_record())
+
+
+def _kill(pid: int) -> bool:
+    """SIGKILL ``pid``; True (it was there to kill)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return True
 
 
 def set_tasks(jobdir: JobDirectory, tasks: int) -> None:

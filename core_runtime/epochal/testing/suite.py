@@ -26,7 +26,9 @@ crash point:
 ``real-failures``   what deployments see: the supervisor killed and the job resumed from
                     another process; the driver and its supervisor paused (SIGSTOP) past the
                     lease, another supervisor taking over and committing, then the zombie
-                    resumed (SIGCONT): it must decide, acknowledge and write nothing; then
+                    resumed (SIGCONT): it must decide, acknowledge and write nothing (for a
+                    transactional sink the zombie is a write task paused after writing,
+                    woken once its driver is gone: it must prepare nothing); then
                     a kill of the whole driver and one of a Python worker, in random order
                     at random moments.
 ``session-failures`` the same failures where no supervisor runs: the query in a user's
@@ -208,7 +210,7 @@ class ConformanceSuite:
                     first,
                     (
                         Fault(JOB_POINT, action="supervisor"),
-                        Fault(cls.pause_point(), action="pause"),
+                        Fault(cls.pause_point("real-failures"), action="pause"),
                     ),
                     graceful_stop=cls.graceful_stop,
                 )
@@ -221,7 +223,7 @@ class ConformanceSuite:
                     first,
                     (
                         Fault("sink.after_commit", action="driver"),
-                        Fault(cls.pause_point(), action="pause"),
+                        Fault(cls.pause_point("session-failures"), action="pause"),
                     ),
                     graceful_stop=cls.graceful_stop,
                 )
@@ -258,11 +260,14 @@ class ConformanceSuite:
         )
 
     @classmethod
-    def pause_point(cls) -> str:
-        """Where the zombie of the real-failures scenario is paused: the most dangerous step
-        of the contracts under test (before a commit decision, before an acknowledgement)."""
+    def pause_point(cls, kind: str) -> str:
+        """Where the zombie of scenario ``kind`` is paused: the most dangerous step of the
+        contracts under test. A transactional sink's: in real-failures a write task that
+        wrote its rows and has not prepared (the zombie is that task, woken after its driver
+        was replaced), in session-failures the driver before its commit decision. Else
+        before an acknowledgement, after a source's plan, or after a sink's commit."""
         if cls.scope in ("all", "sink") and cls.modes()[0] == "transactional":
-            return "sink.before_decision"
+            return "sink.after_write" if kind == "real-failures" else "sink.before_decision"
         if cls.scope in ("all", "source") and cls.source_contract == "acknowledging":
             return "ack_source.before_ack"
         if cls.scope in ("all", "source"):
