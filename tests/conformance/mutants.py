@@ -12,6 +12,7 @@ which case catches it. Needs ``epochal-map`` (installed next to the kit).
 from __future__ import annotations
 
 import datetime
+import json
 import random
 import threading
 import time
@@ -430,6 +431,38 @@ class FirstValueSink(MapSink):
         return FirstValueWriter(self)
 
 
+class LocalTimeSink(MapSink):
+    """the transaction writes a timestamp as the wall-clock time of its zone, the zone dropped
+    (a naive datetime): every record is there once, its instant shifted for any reader not in
+    that zone (wrong values)."""
+
+    def to_items(self, batch: pa.RecordBatch, first_row: int = 0) -> list[tuple[str, str]]:
+        columns = {
+            name: [v.replace(tzinfo=None) if v is not None else None for v in column.to_pylist()]
+            for name, column in zip(batch.schema.names, batch.columns, strict=True)
+            if pa.types.is_timestamp(column.type) and column.type.tz
+        }
+        if columns:
+            for name, values in columns.items():
+                index = batch.schema.get_field_index(name)
+                batch = batch.set_column(index, name, pa.array(values, pa.timestamp("us")))
+        return super().to_items(batch, first_row)
+
+
+class NullAsTextSink(MapSink):
+    """the upsert writes a null as the text ``None`` (``str()`` of every value): every key is
+    there once, its nulls turned into strings (wrong values)."""
+
+    def to_items(self, batch: pa.RecordBatch, first_row: int = 0) -> list[tuple[str, str]]:
+        items = []
+        for key, value in super().to_items(batch, first_row):
+            record = json.loads(value) if value.startswith("{") else None
+            if isinstance(record, dict):
+                value = json.dumps({k: "None" if v is None else v for k, v in record.items()})
+            items.append((key, value))
+        return items
+
+
 # -- the mutants as connectors -----------------------------------------------------------------
 def _connector(name: str, part: type[Source] | type[Sink]) -> type[Connector]:
     is_source = issubclass(part, Source)
@@ -468,12 +501,14 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-blind-in-doubt": ("transactional", BlindInDoubtSink),
     "mutant-map-memory-prepare": ("transactional", MemoryPrepareSink),
     "mutant-map-skip-empty-prepare": ("transactional", SkipEmptyPrepareSink),
+    "mutant-map-local-time": ("transactional", LocalTimeSink),
     "mutant-map-append": ("idempotent", AppendingSink),
     "mutant-map-unstable-key": ("idempotent", UnstableKeySink),
     "mutant-map-background-flush": ("idempotent", BackgroundFlushSink),
     "mutant-map-last-batch": ("idempotent", LastBatchSink),
     "mutant-map-first-value": ("idempotent", FirstValueSink),
     "mutant-map-shifted-value": ("idempotent", ShiftedValueSink),
+    "mutant-map-null-as-text": ("idempotent", NullAsTextSink),
 }
 """Every mutant: its connector name, the contract it breaks and its source or sink class."""
 

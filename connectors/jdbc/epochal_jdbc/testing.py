@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from epochal.testing import SinkUnderTest, SourceUnderTest
+from epochal_sdk.schema import Field
 
 
 def _connect(dsn: str) -> Any:
@@ -53,6 +54,20 @@ class JdbcSinkUnderTest(SinkUnderTest):
     idempotent mode."""
 
     connector = "jdbc"
+    types = (
+        "string",
+        "bigint",
+        "double",
+        "decimal",
+        "timestamp",
+        "timestamp_ntz",
+        "date",
+        "boolean",
+        "binary",
+        "array",
+        "map",
+        "struct",
+    )
 
     def __init__(self, dsn: str, table: str = "output") -> None:
         self.dsn, self.table = dsn, table
@@ -77,6 +92,28 @@ class JdbcSinkUnderTest(SinkUnderTest):
                 )
             ).fetchall()
         return [(k, v) for k, v in rows]
+
+    def committed_typed(self, mode: str, schema: tuple[Field, ...]) -> list[dict[str, Any]]:
+        """The typed records as psycopg reads the table's columns (``numeric`` as Decimal,
+        ``timestamptz`` with its zone, ``bytea`` as bytes, ``jsonb`` parsed), a map's
+        ``jsonb`` of entry pairs as a dict."""
+        order = "key" if mode == "idempotent" else "xmin::text::bigint, ctid"
+        columns = sql.SQL(", ").join(sql.Identifier(f.name) for f in schema)
+        with _connect(self.dsn) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {} ORDER BY " + order).format(
+                    columns, sql.Identifier(self.table)
+                )
+            ).fetchall()
+        out = []
+        for row in rows:
+            record = dict(zip((f.name for f in schema), row, strict=True))
+            for f in schema:
+                value = record[f.name]
+                if f.type.startswith("map<") and isinstance(value, list):
+                    record[f.name] = {k: v for k, v in value}
+            out.append(record)
+        return out
 
     def in_doubt(self) -> list[str]:
         with _connect(self.dsn) as conn:

@@ -4,7 +4,11 @@ connector's suite use the map as the other side (``epochal_map_source``, ``epoch
 
 from __future__ import annotations
 
+import ast
+import datetime as dt
+import json
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ import pytest
 
 from epochal.testing import SinkUnderTest, SourceUnderTest
 from epochal_map.store import MapStore
+from epochal_sdk.schema import Field
 
 
 class MapSourceUnderTest(SourceUnderTest):
@@ -36,6 +41,20 @@ class MapSinkUnderTest(SinkUnderTest):
     write appears there once); idempotent mode through the entries."""
 
     connector = "map"
+    types = (
+        "string",
+        "bigint",
+        "double",
+        "decimal",
+        "timestamp",
+        "timestamp_ntz",
+        "date",
+        "boolean",
+        "binary",
+        "array",
+        "map",
+        "struct",
+    )
 
     def __init__(self, path: str | Path, map_name: str = "output") -> None:
         self.path, self.map_name = str(path), map_name
@@ -59,6 +78,11 @@ class MapSinkUnderTest(SinkUnderTest):
         with MapStore(self.path) as store:
             return store.in_doubt("ep.")
 
+    def committed_typed(self, mode: str, schema: tuple[Field, ...]) -> list[dict[str, Any]]:
+        """The typed records: each entry's value is the JSON object of the record's columns
+        but its key (the map sink's value when the records have no ``value`` column)."""
+        return _typed_rows(self.committed(mode), schema)
+
 
 @pytest.fixture
 def epochal_map_source(tmp_path: Any) -> MapSourceUnderTest:
@@ -70,3 +94,38 @@ def epochal_map_source(tmp_path: Any) -> MapSourceUnderTest:
 def epochal_map_sink(tmp_path: Any) -> MapSinkUnderTest:
     """A fresh map to write to."""
     return MapSinkUnderTest(tmp_path / "sink.sqlite")
+
+
+def from_map_text(spark_type: str, value: Any) -> Any:
+    """A column's value as the map sink keeps it in a record's JSON object (JSON where JSON
+    has the type; ``str()`` of a decimal, a date, a timestamp or bytes), back as Python's
+    value of ``spark_type``."""
+    if not isinstance(value, str | list):
+        return value
+    kind = spark_type.lower()
+    try:
+        if kind.startswith("decimal") and isinstance(value, str):
+            return Decimal(value)
+        if kind.startswith("timestamp") and isinstance(value, str):
+            return dt.datetime.fromisoformat(value)
+        if kind == "date" and isinstance(value, str):
+            return dt.date.fromisoformat(value)
+        if kind == "binary" and isinstance(value, str) and value.startswith(("b'", 'b"')):
+            return ast.literal_eval(value)
+        if kind.startswith("map<") and isinstance(value, list):
+            return {k: v for k, v in value}
+    except (ArithmeticError, ValueError, SyntaxError, TypeError):
+        pass  # not what the sink writes for this type: returned as read, the check shows it
+    return value
+
+
+def _typed_rows(
+    items: Sequence[tuple[str, str]], schema: tuple[Field, ...]
+) -> list[dict[str, Any]]:
+    rows = []
+    for key, text in items:
+        record = json.loads(text)
+        rows.append(
+            {"key": key} | {f.name: from_map_text(f.type, record.get(f.name)) for f in schema[1:]}
+        )
+    return rows

@@ -125,11 +125,20 @@ class RealFailures:
             elsewhere(self.jobdir)
         set_tasks(self.jobdir, 1)
         third = self._supervise("c")
-        wait_for(
-            lambda: self._first_batch_of_epoch_after(zombie_epoch) is not None,
-            "supervisor C to take over and commit a batch",
-            300,
-        )
+        try:
+            wait_for(
+                lambda: self._first_batch_of_epoch_after(zombie_epoch) is not None,
+                "supervisor C to take over and commit a batch",
+                300,
+            )
+        except AssertionError as exc:
+            record = self.jobdir.load()
+            raise AssertionError(
+                f"{exc} (zombie: {zombie}; job {record.status}, progress {record.progress}, "
+                f"lease {self.jobdir.lease.read()}; supervisor C "
+                f"{'running' if third.poll() is None else f'ended {third.returncode}'})\n"
+                f"{driver_log_tail(self.jobdir.logs)}"
+            ) from None
         taken = self._first_batch_of_epoch_after(zombie_epoch)
         assert taken is not None
         waited = float(taken["started"]) - last_renewal

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from epochal.testing.record_ids import sql_record_ids
+from epochal_sdk.schema import Field
 
 
 class SourceUnderTest(ABC):
@@ -81,13 +82,24 @@ class SourceUnderTest(ABC):
 
 class SinkUnderTest(ABC):
     """A sink connector as the kit drives it. The pipeline writes ``key`` and ``value``
-    string columns (both the record ID in the copy pipeline).
+    string columns (both the record ID in the copy pipeline); the typed checks
+    (``2pc-types``, ``upsert-types``) write the kit's typed record
+    (:mod:`epochal.testing.contract_checks.typed`: ``key`` and a column ``c_<type>`` per
+    type).
 
     Class attributes:
         connector: the connector's name (``writeStream.format("epochal.<connector>")``).
+        types: the kit types the sink maps (``("string", "bigint", "decimal", ...)``, of
+            :data:`~epochal.testing.contract_checks.typed.KIT_TYPES`): each must read back
+            by value through :meth:`committed_typed`, and each other kit type must be
+            refused at ``check()``. ``()``: it maps none of the typed record's columns (a
+            sink with fixed column names); None (the default): not said, the typed checks
+            are skipped.
     """
 
     connector: ClassVar[str]
+    types: ClassVar[tuple[str, ...] | None] = None
+    """The kit types the sink maps; None: not said (the typed checks are skipped)."""
 
     @abstractmethod
     def options(self, mode: str) -> dict[str, str]:
@@ -102,3 +114,20 @@ class SinkUnderTest(ABC):
     def in_doubt(self) -> list[str]:
         """Prepared, unsettled transactions left in the system (must be none at the end)."""
         return []
+
+    def committed_typed(self, mode: str, schema: tuple[Field, ...]) -> list[dict[str, Any]]:
+        """What an independent reader sees of the typed records written in ``mode``, one
+        dict by column name per visible write (``key`` included), each value as Python gives
+        that type: ``str``, ``int``, ``float``, ``Decimal``, ``datetime`` (with its zone for
+        ``timestamp``, none for ``timestamp_ntz``), ``date``, ``bool``, ``bytes``, ``list``,
+        ``dict`` (a struct, or a map), None for a null. Read them as the system keeps them and
+        convert only what its representation demands (a JSON text parsed, a decimal string
+        made a ``Decimal``): the check compares what you return with what was written.
+
+        Args:
+            mode: the sink mode written in.
+            schema: the typed record's columns (``key`` first), with their Spark types.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} lists types but does not implement committed_typed()"
+        )

@@ -28,6 +28,7 @@ from epochal.testing.contract_checks.acknowledging import (
     store_step,
 )
 from epochal.testing.contract_checks.common import (
+    CheckNotApplicableError,
     ContractCheck,
     ContractViolationError,
     Part,
@@ -40,6 +41,7 @@ from epochal.testing.contract_checks.sinks import (
     check_2pc_crash_in_phase_2,
     check_2pc_empty_task,
     check_2pc_retried_task,
+    check_typed_values,
     check_upsert_replay,
     check_upsert_update,
     transaction_step,
@@ -111,6 +113,14 @@ CHECKS: tuple[ContractCheck, ...] = (
         check_2pc_empty_task,
     ),
     ContractCheck(
+        "2pc-types",
+        "transactional",
+        "a batch of typed records (every type the suite says the sink maps, nulls in every "
+        "column of some) reads back the same by value; a type it does not map is refused by "
+        "check() naming the column",
+        check_typed_values,
+    ),
+    ContractCheck(
         "upsert-replay",
         "idempotent",
         "a task writes in several Arrow batches, flushes and dies: every record visible; the "
@@ -123,6 +133,14 @@ CHECKS: tuple[ContractCheck, ...] = (
         "a later batch writes new values for the same keys: the reader's last value of each "
         "key is the new one",
         check_upsert_update,
+    ),
+    ContractCheck(
+        "upsert-types",
+        "idempotent",
+        "a batch of typed records (every type the suite says the sink maps, nulls in every "
+        "column of some) reads back the same by value; a type it does not map is refused by "
+        "check() naming the column",
+        check_typed_values,
     ),
 )
 """Every contract check, cheapest first within a contract."""
@@ -138,6 +156,7 @@ def checks_of(contract: str) -> list[ContractCheck]:
 __all__ = [
     "BY_NAME",
     "CHECKS",
+    "CheckNotApplicableError",
     "ContractCheck",
     "ContractViolationError",
     "Part",

@@ -46,6 +46,11 @@ class ContractViolationError(AssertionError):
     says."""
 
 
+class CheckNotApplicableError(Exception):
+    """A check cannot run against the side under test, which does not give what it needs (a
+    suite's test is skipped with this reason)."""
+
+
 @dataclass(frozen=True)
 class ContractCheck:
     """One contract check.

@@ -7,7 +7,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -15,10 +15,12 @@ from epochal.protocols import keys
 from epochal.protocols.transactions import two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
 from epochal.state.store import SnapshotStore
+from epochal.testing.contract_checks import typed
 from epochal.testing.contract_checks.common import (
     CHUNKS,
     SINK_ARROW,
     SINK_SCHEMA,
+    CheckNotApplicableError,
     ContractViolationError,
     Part,
     Subject,
@@ -26,11 +28,17 @@ from epochal.testing.contract_checks.common import (
     _violation,
 )
 from epochal.testing.crashing import StepFailedError, run_then_die
-from epochal_sdk import ConnectorContext, Guarantee, IdempotentSink, Prepared, TransactionalSink
+from epochal_sdk import (
+    ConfigError,
+    ConnectorContext,
+    Guarantee,
+    IdempotentSink,
+    Prepared,
+    SchemaMismatchError,
+    TransactionalSink,
+)
+from epochal_sdk.schema import Field
 from epochal_sdk.sinks import Sink
-
-if TYPE_CHECKING:
-    pass
 
 
 # -- sinks --------------------------------------------------------------------------------------
@@ -38,13 +46,13 @@ def _records(ids: Iterable[int], suffix: str = "") -> list[dict[str, str]]:
     return [{"key": str(i), "value": f"{i}{suffix}"} for i in ids]
 
 
-def _chunks(records: list[dict[str, str]]) -> list[list[dict[str, str]]]:
+def _chunks(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     size = max(1, -(-len(records) // CHUNKS))
     return [records[i : i + size] for i in range(0, len(records), size)] or [[]]
 
 
-def _batch(records: list[dict[str, str]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(records, schema=SINK_ARROW)
+def _batch(records: list[dict[str, Any]], arrow: pa.Schema | None = None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(records, schema=arrow or SINK_ARROW)
 
 
 def _task_sink(request: dict[str, Any]) -> tuple[Any, ConnectorContext]:
@@ -54,7 +62,7 @@ def _task_sink(request: dict[str, Any]) -> tuple[Any, ConnectorContext]:
         batch=request["batch"],
         partition=request["partition"],
         attempt=request["attempt"],
-        schema=SINK_SCHEMA,
+        schema=request.get("schema") or SINK_SCHEMA,
     )
     return part.build(task, "sink"), task
 
@@ -68,7 +76,7 @@ def transaction_step(request: dict[str, Any]) -> dict[str, Any] | None:
         transaction = sink.begin(task)
         try:
             for chunk in request["chunks"]:
-                transaction.write(_batch(chunk))
+                transaction.write(_batch(chunk, request.get("arrow")))
             if request.get("abort"):
                 transaction.abort()
                 return None
@@ -96,7 +104,7 @@ def upsert_step(request: dict[str, Any]) -> dict[str, int]:
         writer = sink.open(task)
         try:
             for chunk in request["chunks"]:
-                batch = _batch(chunk)
+                batch = _batch(chunk, request.get("arrow"))
                 writer.write(batch)
                 digest.add_batch(batch, key_columns)
             writer.flush()
@@ -141,12 +149,12 @@ class SinkRun:
         )
         return protocol
 
-    def start_run(self, run: int) -> None:
-        """What the runtime does at the start of a run: ``check``, then (two-phase commit)
-        recovery."""
+    def start_run(self, run: int, schema: tuple[Field, ...] = SINK_SCHEMA) -> None:
+        """What the runtime does at the start of a run: ``check`` (of the query's columns,
+        ``schema``), then (two-phase commit) recovery."""
         sink = self.driver_sink(run)
         try:
-            sink.check(SINK_SCHEMA)
+            sink.check(schema)
             if self.mode == "transactional" and self.exactly_once:
                 self.protocol(sink, run).recover()
         finally:
@@ -160,7 +168,7 @@ class SinkRun:
         batch: int,
         partition: int,
         attempt: int,
-        records: list[dict[str, str]],
+        records: list[dict[str, Any]],
         **extra: Any,
     ) -> Any:
         """A task in a process that dies once it returned."""
@@ -255,7 +263,14 @@ class TwoPhaseRun(SinkRun):
         super().__init__(subject, check, TransactionalSink)
 
     def prepare(
-        self, *, run: int, batch: int, partition: int, attempt: int, records: list[dict[str, str]]
+        self,
+        *,
+        run: int,
+        batch: int,
+        partition: int,
+        attempt: int,
+        records: list[dict[str, Any]],
+        **extra: Any,
     ) -> Prepared | None:
         """One task attempt: nothing when the batch is decided (a replay), else its
         prepared transaction (committed at once when the part is at-least-once)."""
@@ -274,6 +289,7 @@ class TwoPhaseRun(SinkRun):
             attempt=attempt,
             records=records,
             commit=not self.exactly_once,
+            **extra,
         )
         return Prepared(done["transaction_id"], done["data"]) if done else None
 
@@ -378,12 +394,25 @@ class UpsertRun(SinkRun):
         super().__init__(subject, check, IdempotentSink)
 
     def write(
-        self, *, run: int, batch: int, partition: int, attempt: int, records: list[dict[str, str]]
+        self,
+        *,
+        run: int,
+        batch: int,
+        partition: int,
+        attempt: int,
+        records: list[dict[str, Any]],
+        **extra: Any,
     ) -> None:
         """One task; under exactly-once its key digest is recorded or compared, as the
         runtime does."""
         digest = self.task(
-            upsert_step, run=run, batch=batch, partition=partition, attempt=attempt, records=records
+            upsert_step,
+            run=run,
+            batch=batch,
+            partition=partition,
+            attempt=attempt,
+            records=records,
+            **extra,
         )
         if self.exactly_once:
             try:
@@ -458,3 +487,98 @@ def check_upsert_update(subject: Subject) -> None:
             f"value of each is not the new one ({dict(list(stale.items())[:5])}): an upsert "
             "must replace the value (a running aggregate stops otherwise)",
         )
+
+
+def check_typed_values(subject: Subject) -> None:
+    """Every type the sink says it maps (``SinkUnderTest.types``), written in one batch of the
+    kit's typed records (:mod:`~epochal.testing.contract_checks.typed`), reads back the same
+    by value through the independent reader (``committed_typed``); every kit type it does not
+    map is refused by ``check()`` with an error that names the column."""
+    transactional = subject.mode == "transactional"
+    name = "2pc-types" if transactional else "upsert-types"
+    under = subject.sink
+    assert under is not None
+    if under.types is None:
+        raise CheckNotApplicableError(
+            "the sink under test does not say which types it maps: set SinkUnderTest.types to "
+            f"the kit types it maps (of {', '.join(typed.BY_NAME)}) and implement "
+            "committed_typed()"
+        )
+    try:
+        mapped = typed.kit_types(under.types)
+    except ValueError as exc:
+        raise _violation(name, str(exc)) from None
+    run: TwoPhaseRun | UpsertRun = (
+        TwoPhaseRun(subject, name) if transactional else UpsertRun(subject, name)
+    )
+    for kit_type in typed.KIT_TYPES:
+        if kit_type not in mapped:
+            _expect_refused(run, kit_type)
+    if not mapped:
+        return
+    schema = typed.typed_schema(mapped)
+    records = typed.typed_records(range(10), mapped)
+    extra = {"schema": schema, "arrow": typed.typed_arrow(mapped)}
+    try:
+        run.start_run(1, schema)
+    except Exception as exc:
+        raise _violation(
+            name,
+            f"check() refused the typed record of the types the suite says the sink maps "
+            f"({', '.join(t.spark_type for t in mapped)}): {type(exc).__name__}: {exc}",
+        ) from None
+    if isinstance(run, TwoPhaseRun):
+        prepared = run.prepare(run=1, batch=0, partition=0, attempt=0, records=records, **extra)
+        run.commit(1, 0, [prepared])
+    else:
+        run.write(run=1, batch=0, partition=0, attempt=0, records=records, **extra)
+    try:
+        read = under.committed_typed(subject.mode, schema)
+    except Exception as exc:
+        raise _violation(
+            name,
+            f"the independent reader (committed_typed) could not read the typed records back: "
+            f"{type(exc).__name__}: {exc}",
+        ) from exc
+    wrong = typed.differences(records, read, mapped)
+    if wrong:
+        raise _violation(
+            name,
+            f"{len(wrong)} values of the typed records read back differ from those written: "
+            f"{'; '.join(wrong[:6])}: a sink must write each column's value as it was given "
+            "(or refuse its type at check())",
+        )
+    run.nothing_in_doubt("after the typed records' batch")
+
+
+def _expect_refused(run: SinkRun, kit_type: typed.KitType) -> None:
+    """``check()`` of a record with a column of a type the sink does not map refuses it, with
+    a :class:`~epochal_sdk.SchemaMismatchError` or :class:`~epochal_sdk.ConfigError` that
+    names the column."""
+    schema = (Field("key", "string", nullable=False), Field(kit_type.column, kit_type.spark_type))
+    sink = run.driver_sink(1)
+    try:
+        sink.check(schema)
+    except (SchemaMismatchError, ConfigError) as exc:
+        if kit_type.column not in str(exc):
+            raise _violation(
+                run.check,
+                f"check() refused a {kit_type.spark_type} column {kit_type.column!r} without "
+                f"naming it ({exc}): the error must say which column is wrong",
+            ) from None
+    except Exception as exc:
+        raise _violation(
+            run.check,
+            f"check() of a {kit_type.spark_type} column failed with {type(exc).__name__}: "
+            f"{exc}; a type the sink does not map is refused with SchemaMismatchError",
+        ) from None
+    else:
+        raise _violation(
+            run.check,
+            f"check() accepted a {kit_type.spark_type} column ({kit_type.column}), a type the "
+            "suite says the sink does not map (SinkUnderTest.types): it must refuse it with a "
+            "SchemaMismatchError naming the column, or the suite must list the type and the "
+            "reader read it back",
+        )
+    finally:
+        sink.close()
