@@ -452,12 +452,15 @@ def test_a_killed_keeper_is_started_again_before_the_lease_can_lapse(
     session: Any, tmp_path: Path
 ) -> None:
     snapshots = str(tmp_path / "snapshots")
-    job = {"epochal.job": "kept", "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "3s"}
+    ttl = 6.0
+    job = {"epochal.job": "kept", "epochal.snapshotDir": snapshots, "epochal.leaseTtl": f"{ttl}s"}
     path = _input(tmp_path / "k.sqlite", 0, 30)
     query = _running_copy(session, path, tmp_path / "checkpoint", **job)
     _until(lambda: _committed(path) == 30, "the first rows")
     keeper = int(_session_record(session, snapshots, "kept")["keeper"])
     jobdir = JobDirectory(snapshots, "kept")
+    last = jobdir.lease.read()
+    assert last is not None
     os.kill(keeper, signal.SIGKILL)  # the keeper alone
     killed = time.time()
 
@@ -471,9 +474,12 @@ def test_a_killed_keeper_is_started_again_before_the_lease_can_lapse(
             and lease.renewed > killed
         )
 
-    restarted_in = _until(renewed_by_another_keeper, "a new keeper to renew the lease", 3)
+    restarted_in = _until(renewed_by_another_keeper, "a new keeper to renew the lease")
     lease = jobdir.lease.read()
     assert lease is not None and lease.epoch == 1 and query.isActive
+    # polled every 50 ms, renewals a quarter of the TTL apart: the new keeper's first renewal
+    gap = lease.renewed - last.renewed
+    assert gap < ttl, f"the lease went {gap:.1f}s unrenewed (ttl {ttl}s): it could lapse"
     _input(Path(path), 30, 20)
     _until(lambda: _committed(path) == 50, "the query to go on")
     query.stop()
