@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from epochal.testing import SinkUnderTest, SourceUnderTest
+from epochal.testing.contract_checks.typed import ALL_TYPES
 from epochal_sdk.schema import Field
 
 
@@ -54,20 +55,7 @@ class JdbcSinkUnderTest(SinkUnderTest):
     idempotent mode."""
 
     connector = "jdbc"
-    types = (
-        "string",
-        "bigint",
-        "double",
-        "decimal",
-        "timestamp",
-        "timestamp_ntz",
-        "date",
-        "boolean",
-        "binary",
-        "array",
-        "map",
-        "struct",
-    )
+    types = ALL_TYPES  # every kit type
 
     def __init__(self, dsn: str, table: str = "output") -> None:
         self.dsn, self.table = dsn, table

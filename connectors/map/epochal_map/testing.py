@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from epochal.testing import SinkUnderTest, SourceUnderTest
+from epochal.testing.contract_checks.typed import ALL_TYPES
 from epochal_map.store import MapStore
 from epochal_sdk.schema import Field
 
@@ -41,20 +42,7 @@ class MapSinkUnderTest(SinkUnderTest):
     write appears there once); idempotent mode through the entries."""
 
     connector = "map"
-    types = (
-        "string",
-        "bigint",
-        "double",
-        "decimal",
-        "timestamp",
-        "timestamp_ntz",
-        "date",
-        "boolean",
-        "binary",
-        "array",
-        "map",
-        "struct",
-    )
+    types = ALL_TYPES  # every kit type
 
     def __init__(self, path: str | Path, map_name: str = "output") -> None:
         self.path, self.map_name = str(path), map_name

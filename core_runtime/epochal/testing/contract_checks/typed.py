@@ -105,6 +105,8 @@ KIT_TYPES: tuple[KitType, ...] = (
 """Every type of the kit's typed record, in column order."""
 
 BY_NAME = {t.name: t for t in KIT_TYPES}
+ALL_TYPES = tuple(BY_NAME)
+"""Every kit type's name: ``SinkUnderTest.types`` of a sink that maps them all."""
 
 
 def kit_types(names: Iterable[str]) -> list[KitType]:
