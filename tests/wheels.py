@@ -18,6 +18,9 @@ DISTRIBUTIONS = sorted(
     ]
 )
 """Every distribution's directory, relative to the checkout."""
+SPARK_3_5_RELEASE = "3.5.9"
+"""The newest patch of Spark 3.5 (no Python data source API: the ``foreachBatch`` writers
+only), the pyspark a platform of that release brings."""
 _NOT_SOURCE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.pyc")
 
 

@@ -59,7 +59,16 @@ def __getattr__(name: str) -> Any:
 
 
 def register(spark: Any, names: list[str] | None = None) -> list[str]:
-    """Register the installed connectors on a SparkSession (``format("epochal.<name>")``)."""
+    """Register the installed connectors on a SparkSession (``format("epochal.<name>")``).
+    Refused with an :class:`~epochal_sdk.EpochalError` that says what to do on a pyspark
+    without the Python data source API (3.5: the ``foreachBatch`` writers instead)."""
+    from epochal.spark import features
+
+    refusal = features.data_source_refusal()
+    if refusal:
+        from epochal_sdk import EpochalError
+
+        raise EpochalError(f"epochal.register: {refusal}")
     from epochal.spark.datasource import register as _register
 
     return _register(spark, names)

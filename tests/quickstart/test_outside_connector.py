@@ -96,7 +96,8 @@ def author_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, di
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     from_clone = (
-        f"{python} -m pip install {clone}/sdk {clone}/core_runtime {clone}/connectors/map pytest"
+        f"{python} -m pip install {clone}/sdk {clone}/core_runtime[pyspark] {clone}/connectors/map"
+        " pytest"
     )
     run(from_clone.split(), root, env, root / "install.log", timeout=900)
     return clone, venv, env
@@ -136,7 +137,7 @@ def run_commands(
 
 def the_clone_line(text: str) -> None:
     """The page gives the "from a clone" install line the environment was made with."""
-    line = "-m pip install <epochal>/sdk <epochal>/core_runtime <epochal>/connectors/map pytest"
+    line = "-m pip install <epochal>/sdk '<epochal>/core_runtime[pyspark]' <epochal>/connectors/map"
     assert line in text, "the page no longer gives the install line from a clone"
 
 
@@ -189,7 +190,9 @@ def test_the_guides_package_installs_and_passes_one_kit_case_per_contract(
     package = write_package(files, tmp_path / "epochal-examples", venv)
     commands = page_commands(index)
     assert commands[0] == "python3 -m venv .venv", commands
-    assert commands[1].startswith(".venv/bin/python -m pip install epochal epochal-map"), commands
+    assert commands[1].startswith(
+        ".venv/bin/python -m pip install 'epochal[pyspark]' epochal-map"
+    ), commands
     the_clone_line((ROOT / "docs" / "authors" / "testing-your-connector.md").read_text())
     outputs = run_commands(commands[2:], package, env, tmp_path)
 

@@ -38,18 +38,20 @@ def row(component: str) -> str:
     raise AssertionError(f"the compatibility table has no row for {component!r}")
 
 
-def runtime_requirement(name: str) -> str:
-    """The runtime package's requirement on ``name`` (e.g. ``pyspark==4.3.*``)."""
+def pyspark_extra() -> str:
+    """The runtime's ``pyspark`` extra (``epochal[pyspark]``): the runtime itself requires
+    no pyspark, so that pip keeps a platform's own."""
     project = tomllib.loads((ROOT / "core_runtime" / "pyproject.toml").read_text())["project"]
-    for requirement in project["dependencies"]:
-        if re.match(rf"{name}\b", requirement):
-            return requirement
-    raise AssertionError(f"the runtime does not require {name}")
+    assert not [r for r in project["dependencies"] if re.match(r"pyspark\b", r)], (
+        "the runtime requires pyspark: pip would replace a platform's own"
+    )
+    (requirement,) = project["optional-dependencies"]["pyspark"]
+    return str(requirement)
 
 
 def test_spark_row_names_the_requirement_and_the_pyspark_tested() -> None:
     line = row("Spark (pyspark)")
-    assert f"`{runtime_requirement('pyspark')}`" in line
+    assert f"`{pyspark_extra()}`" in line
     major_minor = ".".join(pyspark.__version__.split(".")[:2])
     assert f"pyspark {major_minor}" in line
 

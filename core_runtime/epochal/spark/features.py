@@ -2,7 +2,12 @@
 the one place that imports the parts of PySpark's Python data source API that not every
 supported release has.
 
-epochal runs on pyspark 4.0 through 4.3. Two features it uses arrived after 4.0:
+epochal's data source formats and ``epochal run`` need pyspark 4.0 through 4.3
+(:data:`DATA_SOURCE_API`); its ``foreachBatch`` writers also run on 3.5. The runtime's
+distribution does not require pyspark (a platform's own pyspark, installed by pip or not, is
+kept; ``epochal[pyspark]`` brings one from PyPI), so what is missing is told here: at submit
+(:func:`refusals`) and at :func:`epochal.register` (:func:`data_source_refusal`). Two
+features it uses arrived after 4.0:
 
 - :data:`ADMISSION_CONTROL` (4.2): a Python stream reader's ``latestOffset(start, limit)``
   with a read limit, and ``SupportsTriggerAvailableNow``. Without it a batch reads everything
@@ -72,7 +77,13 @@ ARROW_STREAM_WRITER = Feature(
     "pyspark.sql.datasource",
     "DataSourceStreamArrowWriter",
 )
-FEATURES = (ADMISSION_CONTROL, ARROW_STREAM_WRITER)
+DATA_SOURCE_API = Feature(
+    "epochal's data source formats (format('epochal.<name>'), epochal run)",
+    "4.0",
+    "pyspark.sql.datasource",
+    "DataSource",
+)
+FEATURES = (DATA_SOURCE_API, ADMISSION_CONTROL, ARROW_STREAM_WRITER)
 """Every feature detected here."""
 
 
@@ -84,19 +95,58 @@ def _has(module: str, attribute: str) -> bool:
         return False
 
 
+PYSPARK_INSTALL = (
+    "install it (pip install 'epochal[pyspark]' brings pyspark 4.3 from PyPI) or put your "
+    "Spark's python/ directory and its py4j on PYTHONPATH"
+)
+"""What to do when no pyspark is importable."""
+
+FOREACH_BATCH_INSTEAD = (
+    "on pyspark 3.5 write through the foreachBatch writers "
+    "(epochal.foreach_batch, docs/how-to/foreach-batch.md), or upgrade pyspark to 4.0-4.3"
+)
+"""What to do on a pyspark without the Python data source API."""
+
+
+def pyspark_installed() -> bool:
+    """Whether a pyspark is importable (found on the path: not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("pyspark") is not None
+
+
 def pyspark_version() -> str:
-    """The installed pyspark's version (from its distribution's metadata: no import)."""
+    """The installed pyspark's version: from its distribution's metadata (no import), or,
+    for a pyspark that is not a pip distribution (a Spark home's ``python/`` on the path), from
+    ``pyspark.version``; ``"none"`` when none is importable."""
     from importlib import metadata  # only for a refusal's message: not in every process
 
     try:
         return metadata.version("pyspark")
     except metadata.PackageNotFoundError:
-        return "none"
+        if not pyspark_installed():
+            return "none"
+        from pyspark.version import __version__
+
+        return str(__version__)
+
+
+def data_source_refusal() -> str:
+    """Why epochal's data source formats cannot run on this interpreter's pyspark (no
+    pyspark, or one without the Python data source API); empty when they can."""
+    if not pyspark_installed():
+        return f"epochal needs pyspark, and none is importable: {PYSPARK_INSTALL}"
+    if not DATA_SOURCE_API.available:
+        return DATA_SOURCE_API.missing(FOREACH_BATCH_INSTEAD)
+    return ""
 
 
 def refusals(*, available_now: bool) -> list[str]:
     """Why a job with these settings cannot run on the installed pyspark (empty: it can).
     Checked at submit, before any driver starts."""
+    refusal = data_source_refusal()
+    if refusal:
+        return [refusal]
     found = []
     if available_now and not ADMISSION_CONTROL.available:
         found.append(
