@@ -266,14 +266,59 @@ def hadoop_aws_version() -> str:
 
 
 def hadoop_aws_jars(version: str | None = None) -> list[Path]:
-    """The jars of hadoop-aws ``version`` and its runtime dependencies, fetched on first use.
-
-    Maven resolves them into the cache's local repository (``m2/``) and the cache entry
-    keeps only the resolved class path: the AWS SDK bundle alone is ~690 MB, so it is not
-    copied a second time.
-    """
+    """The jars of hadoop-aws ``version`` and its runtime dependencies, fetched on first use
+    (:func:`_resolved_classpath`: the AWS SDK bundle alone is ~690 MB, so it is not copied a
+    second time)."""
     version = version or hadoop_aws_version()
-    entry = cache_dir() / f"hadoop-aws-{version}"
+    return _resolved_classpath(
+        f"hadoop-aws-{version}",
+        _HADOOP_AWS_POM.format(hadoop=version),
+        "hadoop-aws-",
+        f"fetching hadoop-aws {version} and the AWS SDK bundle",
+    )
+
+
+DELTA_VERSION = "4.4.0"
+"""Delta Lake's release for Spark 4.2 (``delta-spark_4.2_2.13``), the newest Spark it
+publishes for."""
+DELTA_SPARK = "4.2"
+"""The Spark release :data:`DELTA_VERSION` is built for."""
+
+_DELTA_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>epochal.integration</groupId>
+  <artifactId>delta-classpath</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>io.delta</groupId><artifactId>delta-spark_{spark}_2.13</artifactId>
+      <version>{delta}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def delta_jars(version: str = DELTA_VERSION, spark: str = DELTA_SPARK) -> list[Path]:
+    """The jars of Delta Lake ``version`` for Spark ``spark`` that a session adds
+    (``spark.jars``): delta-spark and delta-storage, fetched from Maven Central on first use.
+    The rest of their class path (Scala, Hadoop, Jackson, Parquet) is Spark's own, in the
+    release's versions."""
+    resolved = _resolved_classpath(
+        f"delta-{version}-spark-{spark}",
+        _DELTA_POM.format(spark=spark, delta=version),
+        "delta-spark_",
+        f"fetching Delta Lake {version} for Spark {spark}",
+    )
+    return [p for p in resolved if p.name.startswith(("delta-spark_", "delta-storage-"))]
+
+
+def _resolved_classpath(name: str, pom: str, must_have: str, what: str) -> list[Path]:
+    """The runtime class path of ``pom``'s dependencies, resolved by Maven into the cache's
+    local repository (``m2/``) once; the cache entry ``name`` keeps only the list of jars.
+    ``must_have`` starts the name of a jar the class path must hold."""
+    entry = cache_dir() / name
     listing = entry / "classpath.txt"
     marker = entry / ".complete"
 
@@ -293,20 +338,20 @@ def hadoop_aws_jars(version: str | None = None) -> list[Path]:
             return found
         shutil.rmtree(entry, ignore_errors=True)
         entry.mkdir(parents=True)
-        (entry / "pom.xml").write_text(_HADOOP_AWS_POM.format(hadoop=version))
+        (entry / "pom.xml").write_text(pom)
         _mvn(
             [
                 f"{DEPENDENCY_PLUGIN}:build-classpath",
                 f"-Dmdep.outputFile={listing}",
                 "-DincludeScope=runtime",
             ],
-            f"fetching hadoop-aws {version} and the AWS SDK bundle",
+            what,
             entry,
         )
         paths = [Path(p) for p in listing.read_text().strip().split(os.pathsep) if p]
-        if not any(p.name.startswith("hadoop-aws-") for p in paths):
-            raise PrerequisiteError(f"hadoop-aws {version}: not in the resolved class path {paths}")
-        marker.write_text(version + "\n")
+        if not any(p.name.startswith(must_have) for p in paths):
+            raise PrerequisiteError(f"{name}: no {must_have}* jar in the class path {paths}")
+        marker.write_text(name + "\n")
     return paths
 
 

@@ -10,9 +10,6 @@ conftest.py). pip's cache holds each release's wheel after the first download.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from shutil import copy
 
@@ -21,6 +18,7 @@ import pytest
 from integration.harness.kafka import KafkaServer
 from integration.harness.plugin import kafka_server, postgres_server  # noqa: F401 - fixtures
 from integration.harness.postgres import PostgresServer
+from tests.releases.environments import run, venv_with_pyspark
 from tests.wheels import SPARK_3_5_RELEASE
 
 pytestmark = pytest.mark.spark
@@ -50,32 +48,6 @@ else:
 """
 
 
-def _env() -> dict[str, str]:
-    """This process's environment without what puts the checkout on the path."""
-    return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "EPOCHAL_PLUGINS"}}
-
-
-def _run(
-    args: list[str], cwd: Path, timeout: float, servers: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**_env(), **(servers or {})}
-    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-
-
-def _venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
-    """A new virtual environment with ``pyspark==release`` installed first: its directory,
-    its python and its ``pip install`` command."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    # pip compiles what it installs (0.5 s for pyspark): every process of the environment
-    # then reads the bytecode, whether or not the shell lets Python write it
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    done = _run([*pip, f"pyspark=={release}"], tmp_path, 900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return venv, python, pip
-
-
 @pytest.fixture
 def pyspark_release(request: pytest.FixtureRequest) -> str:
     """The release under test (this fixture's name makes each release a unit of work)."""
@@ -87,14 +59,14 @@ def pyspark_release(request: pytest.FixtureRequest) -> str:
 def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     pyspark_release: str, built_wheels: dict[str, Path], tmp_path: Path
 ) -> None:
-    _, python, pip = _venv_with_pyspark(pyspark_release, tmp_path)
+    _, python, pip = venv_with_pyspark(pyspark_release, tmp_path)
     wheels = [str(w) for w in built_wheels.values()]
-    done = _run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
+    done = run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
-    version = _run([python, "-c", VERSION], tmp_path, 60)
+    version = run([python, "-c", VERSION], tmp_path, 60)
     assert version.stdout.strip() == pyspark_release, "pip replaced the pyspark installed first"
 
-    submitted = _run(
+    submitted = run(
         [python, "-c", SUBMIT_AVAILABLE_NOW, str(tmp_path / "snapshots")], tmp_path, 120
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
@@ -109,17 +81,17 @@ def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     suite.mkdir()
     copy(MAP_SUITE, suite)
     kit = ["-p", "no:cacheprovider", "-q", "-k", "test_contract", "-m", "not spark"]
-    checks = _run([python, "-m", "pytest", *kit, MAP_SUITE.name], suite, 300)
+    checks = run([python, "-m", "pytest", *kit, MAP_SUITE.name], suite, 300)
     assert checks.returncode == 0 and " passed" in checks.stdout, checks.stdout + checks.stderr
 
     # fewer events than the default 4000: the demo produces until both crash points fired
     # anyway, and the README's demo (tests/quickstart) runs the default
-    demo = _run([python, "-m", "epochal", "demo", "--events", str(DEMO_EVENTS)], tmp_path, 600)
+    demo = run([python, "-m", "epochal", "demo", "--events", str(DEMO_EVENTS)], tmp_path, 600)
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out
     assert "lost: 0\n" in demo.stdout and "duplicates: 0\n" in demo.stdout, out
     assert "result: exactly-once held" in demo.stdout, out
-    assert _run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == pyspark_release
+    assert run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == pyspark_release
 
 
 FOREACH_BATCH_RELEASE = SPARK_3_5_RELEASE
@@ -147,11 +119,11 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
     which no release changes, and costs five driver starts. The cases use this session's
     broker and database server (``EPOCHAL_KAFKA_BOOTSTRAP``, ``EPOCHAL_POSTGRES_DSN``: each
     case makes its own topics and database), not servers of their own."""
-    venv, python, pip = _venv_with_pyspark(FOREACH_BATCH_RELEASE, tmp_path)
+    venv, python, pip = venv_with_pyspark(FOREACH_BATCH_RELEASE, tmp_path)
     wheels = [str(w) for w in built_wheels.values()]
-    done = _run([*pip, *wheels, f"pytest=={pytest.__version__}", "pytest-timeout"], tmp_path, 600)
+    done = run([*pip, *wheels, f"pytest=={pytest.__version__}", "pytest-timeout"], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == FOREACH_BATCH_RELEASE
+    assert run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == FOREACH_BATCH_RELEASE
 
     # the checkout's integration package (the harness, the cases) from the root; epochal
     # itself from the wheels
@@ -163,11 +135,11 @@ def test_foreach_batch_crash_points_on_pyspark_3_5(
         "EPOCHAL_POSTGRES_DSN": postgres_server.dsn,
         "EPOCHAL_TEST_LANE": "full",  # the cases CI's lane leaves to this release (conftest.py)
     }
-    cases = _run([python, "-m", "pytest", *args], ROOT, 1500, servers)
+    cases = run([python, "-m", "pytest", *args], ROOT, 1500, servers)
     out = cases.stdout + cases.stderr
     assert cases.returncode == 0, out[-6000:]
     assert " passed" in cases.stdout and " failed" not in cases.stdout, out[-6000:]
     assert " 2 deselected" in cases.stdout, out[-6000:]  # the mutant case, the routed one
     assert " skipped" not in cases.stdout, out[-6000:]
-    where = _run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
+    where = run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
     assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"

@@ -1,0 +1,63 @@
+"""Delta Lake as an epochal job's sink and source, exactly-once, with the driver killed
+(``integration/lakehouse/delta_job.py`` says what each case does): in a new virtual
+environment whose pyspark is the newest release Delta publishes for (Delta 4.4 is built for
+Spark 4.2; nothing of Delta exists for the suite's own 4.3), with epochal's wheels installed
+after it and Delta's jars fetched from Maven Central into the harness cache.
+
+Cost: the environment (pyspark's wheel from pip's cache after the first download), four
+driver starts under the supervisor, one plain session: about three minutes here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from integration.harness.cache import DELTA_SPARK, DELTA_VERSION, delta_jars
+from integration.lakehouse import delta_job
+from tests.releases.environments import run, venv_with_pyspark
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+DELTA_PYSPARK = f"{DELTA_SPARK}.1"
+"""The newest patch of the Spark release Delta :data:`DELTA_VERSION` is built for."""
+
+
+@pytest.mark.timeout(1800)
+def test_delta_tables_as_sink_and_source_exactly_once_through_driver_kills(
+    built_wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    jars = ",".join(str(p) for p in delta_jars())
+    venv, python, pip = venv_with_pyspark(DELTA_PYSPARK, tmp_path)
+    wheels = [str(w) for w in built_wheels.values()]
+    done = run([*pip, *wheels], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    # from the checkout's root: the job module (integration.lakehouse); epochal from the wheels
+    cases = run([python, "-m", delta_job.MODULE, str(work), jars], ROOT, 1500)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    (line,) = [x for x in cases.stdout.splitlines() if x.startswith("FOUND ")]
+    found = json.loads(line.removeprefix("FOUND "))
+
+    assert found["epochal_from"].startswith(str(venv)), "epochal came from the checkout"
+    for job in ("to_delta_job", "from_delta_job"):
+        assert found[job]["completed"], (job, found[job])
+    assert len(found["to_delta_job"]["faults_fired"]) == 2, found["to_delta_job"]
+    assert len(found["from_delta_job"]["faults_fired"]) == 1, found["from_delta_job"]
+    for case in ("to_delta", "window", "from_delta"):
+        counts = found[case]
+        assert counts["records"] == delta_job.RECORDS, (case, counts)
+        assert (counts["lost"], counts["duplicated"]) == (0, 0), (case, counts)
+        assert counts["wrong_count"] == 0, (case, counts)
+    window = found["window"]
+    assert window["batches"] >= 2, window
+    # the batch was run again and committed by Spark, and Delta wrote no version for it
+    assert window["replay_committed"], window
+    assert window["versions_after"] == window["versions_before"], window
+    assert found["from_delta_in_doubt"] == [], found["from_delta_in_doubt"]
+    assert f"delta-spark_{DELTA_SPARK}_2.13-{DELTA_VERSION}.jar" in jars
