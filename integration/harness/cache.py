@@ -284,20 +284,21 @@ publishes for."""
 DELTA_SPARK = "4.2"
 """The Spark release :data:`DELTA_VERSION` is built for."""
 
-_DELTA_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+_ONE_ARTIFACT_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>epochal.integration</groupId>
-  <artifactId>delta-classpath</artifactId>
+  <artifactId>{artifact}-classpath</artifactId>
   <version>1</version>
   <packaging>pom</packaging>
   <dependencies>
     <dependency>
-      <groupId>io.delta</groupId><artifactId>delta-spark_{spark}_2.13</artifactId>
-      <version>{delta}</version>
+      <groupId>{group}</groupId><artifactId>{artifact}</artifactId>
+      <version>{version}</version>
     </dependency>
   </dependencies>
 </project>
 """
+"""A pom of one dependency (``group``, ``artifact``, ``version``), for its class path."""
 
 
 def delta_jars(version: str = DELTA_VERSION, spark: str = DELTA_SPARK) -> list[Path]:
@@ -307,11 +308,36 @@ def delta_jars(version: str = DELTA_VERSION, spark: str = DELTA_SPARK) -> list[P
     release's versions."""
     resolved = _resolved_classpath(
         f"delta-{version}-spark-{spark}",
-        _DELTA_POM.format(spark=spark, delta=version),
+        _ONE_ARTIFACT_POM.format(
+            group="io.delta", artifact=f"delta-spark_{spark}_2.13", version=version
+        ),
         "delta-spark_",
         f"fetching Delta Lake {version} for Spark {spark}",
     )
     return [p for p in resolved if p.name.startswith(("delta-spark_", "delta-storage-"))]
+
+
+ICEBERG_VERSION = "1.12.0"
+"""Apache Iceberg's release for Spark 4.1 (``iceberg-spark-runtime-4.1_2.13``), the newest
+Spark it publishes for."""
+ICEBERG_SPARK = "4.1"
+"""The Spark release :data:`ICEBERG_VERSION` is built for."""
+
+
+def iceberg_jars(version: str = ICEBERG_VERSION, spark: str = ICEBERG_SPARK) -> list[Path]:
+    """Iceberg's Spark runtime ``version`` for Spark ``spark``: one jar with everything it
+    needs besides Spark, fetched from Maven Central on first use."""
+    resolved = _resolved_classpath(
+        f"iceberg-{version}-spark-{spark}",
+        _ONE_ARTIFACT_POM.format(
+            group="org.apache.iceberg",
+            artifact=f"iceberg-spark-runtime-{spark}_2.13",
+            version=version,
+        ),
+        "iceberg-spark-runtime-",
+        f"fetching Iceberg {version} for Spark {spark}",
+    )
+    return [p for p in resolved if p.name.startswith("iceberg-spark-runtime-")]
 
 
 def _resolved_classpath(name: str, pom: str, must_have: str, what: str) -> list[Path]:

@@ -47,7 +47,7 @@ def typed(rows: Any) -> Any:
     )
 
 
-def _map_rows(spark: Any, case: dict[str, Any], **fence: str) -> Any:
+def map_rows(spark: Any, case: dict[str, Any], **fence: str) -> Any:
     """The map journal as a stream; ``fence``: a plain session's ``epochal.*`` options."""
     options = {"path": case["journal"], "map": "input", "maxRecordsPerBatch": str(PER_BATCH)}
     return spark.readStream.format("epochal.map").options(**options, **fence).load()
@@ -56,7 +56,7 @@ def _map_rows(spark: Any, case: dict[str, Any], **fence: str) -> Any:
 def to_delta(spark: Any) -> Any:
     """Pipeline 1: the map journal into Delta table ``case["table"]``."""
     case = _case()
-    rows = typed(_map_rows(spark, case))
+    rows = typed(map_rows(spark, case))
     return rows.writeStream.format("delta").option("path", case["table"]).outputMode("append")
 
 
@@ -141,7 +141,7 @@ def _plain_session_window(spark: Any, case: dict[str, Any], root: Path) -> dict[
 
     def run_query() -> None:
         query = (
-            typed(_map_rows(spark, case, **fence))
+            typed(map_rows(spark, case, **fence))
             .writeStream.format("delta")
             .option("path", table)
             .option("checkpointLocation", str(checkpoint))
