@@ -352,8 +352,14 @@ class _SessionCheck(StreamingQueryListener):
         delivers a query's last progress and its end to listeners after
         ``awaitTermination()`` returns; a script that ends right after it would otherwise
         leave its job's record at an earlier batch and never ``COMPLETED``. Returns whether
-        nothing was left."""
+        nothing was left.
+
+        First it waits for Spark's listener bus to have delivered every event posted so far:
+        a query that ended before this listener had even been told of its start (a short
+        run on a busy machine) is in no set here yet, and its progress and end are still
+        queued."""
         deadline = time.monotonic() + seconds
+        self._wait_for_listener_bus(seconds)
         while self.unfinished:
             try:
                 active = {str(q.runId) for q in self.session.streams.active}
@@ -365,6 +371,16 @@ class _SessionCheck(StreamingQueryListener):
                 return False
             time.sleep(0.05)
         return True
+
+    def _wait_for_listener_bus(self, seconds: float) -> None:
+        """Until Spark's listener bus has delivered (to this listener too) every event posted
+        before the call, at most ``seconds``; nothing when it cannot be asked (the session
+        is stopped, its bus drained by the stop)."""
+        try:
+            bus = self.session.sparkContext._jsc.sc().listenerBus()
+            bus.waitUntilEmpty(int(seconds * 1000))
+        except Exception as exc:  # a stopped session, or a time-out: the loop below decides
+            log.debug("epochal: the listener bus was not waited for: %s", exc)
 
     def onQueryStarted(self, event: Any) -> None:
         try:
