@@ -3,6 +3,7 @@ on other pyspark releases and with the parts that need one (Delta Lake)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,3 +36,27 @@ def venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str
     done = run([*pip, f"pyspark=={release}"], tmp_path, 900)
     assert done.returncode == 0, done.stdout + done.stderr
     return venv, python, pip
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_lakehouse_cases(
+    release: str, wheels: list[Path], module: str, jars: str, tmp_path: Path
+) -> dict:
+    """A new environment of pyspark ``release`` with ``wheels`` installed after it, in which
+    ``python -m module <workdir> <jars>`` runs from the checkout's root (the job modules of
+    ``integration.lakehouse``; epochal itself from the wheels): what it found (its ``FOUND``
+    line), with ``epochal_from`` checked to be the environment's."""
+    venv, python, pip = venv_with_pyspark(release, tmp_path)
+    done = run([*pip, *(str(w) for w in wheels)], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    cases = run([python, "-m", module, str(work), jars], ROOT, 1500)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    (line,) = [x for x in cases.stdout.splitlines() if x.startswith("FOUND ")]
+    found = dict(json.loads(line.removeprefix("FOUND ")))
+    assert found["epochal_from"].startswith(str(venv)), "epochal came from the checkout"
+    return found

@@ -10,18 +10,16 @@ driver starts under the supervisor, one plain session: about three minutes here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from integration.harness.cache import DELTA_SPARK, DELTA_VERSION, delta_jars
 from integration.lakehouse import delta_job
-from tests.releases.environments import run, venv_with_pyspark
+from tests.releases.environments import run_lakehouse_cases
 
 pytestmark = pytest.mark.spark
 
-ROOT = Path(__file__).resolve().parents[2]
 DELTA_PYSPARK = f"{DELTA_SPARK}.1"
 """The newest patch of the Spark release Delta :data:`DELTA_VERSION` is built for."""
 
@@ -31,20 +29,9 @@ def test_delta_tables_as_sink_and_source_exactly_once_through_driver_kills(
     built_wheels: dict[str, Path], tmp_path: Path
 ) -> None:
     jars = ",".join(str(p) for p in delta_jars())
-    venv, python, pip = venv_with_pyspark(DELTA_PYSPARK, tmp_path)
-    wheels = [str(w) for w in built_wheels.values()]
-    done = run([*pip, *wheels], tmp_path, 600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    work = tmp_path / "work"
-    work.mkdir()
-    # from the checkout's root: the job module (integration.lakehouse); epochal from the wheels
-    cases = run([python, "-m", delta_job.MODULE, str(work), jars], ROOT, 1500)
-    out = cases.stdout + cases.stderr
-    assert cases.returncode == 0, out[-6000:]
-    (line,) = [x for x in cases.stdout.splitlines() if x.startswith("FOUND ")]
-    found = json.loads(line.removeprefix("FOUND "))
+    wheels = list(built_wheels.values())
+    found = run_lakehouse_cases(DELTA_PYSPARK, wheels, delta_job.MODULE, jars, tmp_path)
 
-    assert found["epochal_from"].startswith(str(venv)), "epochal came from the checkout"
     for job in ("to_delta_job", "from_delta_job"):
         assert found[job]["completed"], (job, found[job])
     assert len(found["to_delta_job"]["faults_fired"]) == 2, found["to_delta_job"]

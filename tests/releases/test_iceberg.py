@@ -11,18 +11,16 @@ driver starts under the supervisor, one reading session: about two and a half mi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from integration.harness.cache import ICEBERG_SPARK, ICEBERG_VERSION, iceberg_jars
 from integration.lakehouse import delta_job, iceberg_job
-from tests.releases.environments import run, venv_with_pyspark
+from tests.releases.environments import run_lakehouse_cases
 
 pytestmark = pytest.mark.spark
 
-ROOT = Path(__file__).resolve().parents[2]
 ICEBERG_PYSPARK = f"{ICEBERG_SPARK}.4"
 """The newest patch of the Spark release Iceberg :data:`ICEBERG_VERSION` is built for."""
 
@@ -33,19 +31,9 @@ def test_iceberg_tables_as_sink_and_source_exactly_once_through_kills_and_suspen
 ) -> None:
     (jar,) = iceberg_jars()
     assert jar.name == f"iceberg-spark-runtime-{ICEBERG_SPARK}_2.13-{ICEBERG_VERSION}.jar"
-    venv, python, pip = venv_with_pyspark(ICEBERG_PYSPARK, tmp_path)
-    done = run([*pip, *(str(w) for w in built_wheels.values())], tmp_path, 600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    work = tmp_path / "work"
-    work.mkdir()
-    # from the checkout's root: the job module (integration.lakehouse); epochal from the wheels
-    cases = run([python, "-m", iceberg_job.MODULE, str(work), str(jar)], ROOT, 1500)
-    out = cases.stdout + cases.stderr
-    assert cases.returncode == 0, out[-6000:]
-    (line,) = [x for x in cases.stdout.splitlines() if x.startswith("FOUND ")]
-    found = json.loads(line.removeprefix("FOUND "))
+    wheels = list(built_wheels.values())
+    found = run_lakehouse_cases(ICEBERG_PYSPARK, wheels, iceberg_job.MODULE, str(jar), tmp_path)
 
-    assert found["epochal_from"].startswith(str(venv)), "epochal came from the checkout"
     for status in ("suspended", "to_iceberg_status", "from_iceberg_status"):
         assert found[status] == "SUSPENDED", (status, found)
     assert len(found["to_iceberg_faults"]) == 2, found["to_iceberg_faults"]
