@@ -33,7 +33,8 @@ PER_BATCH = 500
 MODULE = "integration.lakehouse.delta_job"
 
 
-def _case() -> dict[str, Any]:
+def case_spec() -> dict[str, Any]:
+    """The case's paths and jars, as the job's submitter set them (:data:`CASE_ENV`)."""
     return dict(json.loads(os.environ[CASE_ENV]))
 
 
@@ -55,14 +56,14 @@ def map_rows(spark: Any, case: dict[str, Any], **fence: str) -> Any:
 
 def to_delta(spark: Any) -> Any:
     """Pipeline 1: the map journal into Delta table ``case["table"]``."""
-    case = _case()
+    case = case_spec()
     rows = typed(map_rows(spark, case))
     return rows.writeStream.format("delta").option("path", case["table"]).outputMode("append")
 
 
 def from_delta(spark: Any) -> Any:
     """Pipeline 3: Delta table ``case["table"]`` into the map sink, two-phase commit."""
-    case = _case()
+    case = case_spec()
     rows = (
         spark.readStream.format("delta")
         .option("maxFilesPerTrigger", "3")
@@ -126,7 +127,7 @@ def _run_job(name: str, target: str, case: dict[str, Any], faults: str, root: Pa
     record = job.join(900)
     fired = sorted(p.name for p in (root / "snapshots" / name / "faults").glob("*"))
     return {
-        "status": str(record.status.value if hasattr(record.status, "value") else record.status),
+        "status": str(record.status),
         "completed": record.status == JobStatus.COMPLETED,
         "failure": str(record.failure or ""),
         "faults_fired": fired,

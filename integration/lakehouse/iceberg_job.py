@@ -26,17 +26,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from integration.lakehouse.delta_job import CASE_ENV, RECORDS, map_rows, typed, wrong_records
+from integration.lakehouse.delta_job import (
+    CASE_ENV,
+    RECORDS,
+    case_spec,
+    map_rows,
+    typed,
+    wrong_records,
+)
 
 MODULE = "integration.lakehouse.iceberg_job"
 TABLE = "local.db.events"
 CHUNK = 500
 DEADLINE = 600.0
 """Seconds a job may take to get every record into its output before the case fails."""
-
-
-def _case() -> dict[str, Any]:
-    return dict(json.loads(os.environ[CASE_ENV]))
 
 
 def iceberg_conf(jars: str, warehouse: str) -> dict[str, str]:
@@ -56,13 +59,13 @@ def iceberg_conf(jars: str, warehouse: str) -> dict[str, str]:
 
 def to_iceberg(spark: Any) -> Any:
     """Pipeline 1: the map journal into the Iceberg table."""
-    rows = typed(map_rows(spark, _case()))
+    rows = typed(map_rows(spark, case_spec()))
     return rows.writeStream.format("iceberg").option("path", TABLE).outputMode("append")
 
 
 def from_iceberg(spark: Any) -> Any:
     """Pipeline 2: the Iceberg table into the map sink, two-phase commit."""
-    case = _case()
+    case = case_spec()
     # a few of the table's files a batch, so that the job runs several batches
     files = {"streaming-max-files-per-micro-batch": "2"}
     rows = spark.readStream.format("iceberg").options(**files).load(TABLE)
