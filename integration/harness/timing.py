@@ -8,6 +8,11 @@ At the end it prints the slowest tests (``EPOCHAL_SLOWEST``, 100) with those fig
 that a slow test tells at a glance whether it waits (idle cores), starts JVMs, or works;
 with ``EPOCHAL_TEST_TIMES=path`` it also writes one JSON line per test there.
 
+Where the tests are reported (the xdist controller, or the one process) it also says each
+failure the moment it happens, and on SIGTERM (a CI run past its time) which tests were
+running and for how long before pytest's own summary of what failed: a run that is stopped
+still tells what went wrong.
+
 Linux only (it reads ``/proc``); elsewhere it records wall times alone.
 """
 
@@ -16,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +171,42 @@ class TimingPlugin:
         self.runs_tests = not _is_xdist_controller(config)
         if self.runs_tests:
             self.sampler.start()
+        self.reports = not hasattr(config, "workerinput")  # where results are reported
+        self.running: dict[str, float] = {}  # test -> when it started (monotonic)
+        if self.reports and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._stopped)
+
+    def _write(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+
+    def _stopped(self, signum: int, frame: Any) -> None:
+        """SIGTERM: say what was running, then stop as Ctrl-C would (pytest then prints its
+        summary of the failures so far)."""
+        now = time.monotonic()
+        self._write("=== stopped by SIGTERM; running:")
+        for nodeid, started in sorted(self.running.items(), key=lambda kv: kv[1]):
+            self._write(f"  {now - started:7.0f} s  {nodeid}")
+        raise KeyboardInterrupt
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        if self.reports:
+            self.running[_plain(nodeid)] = time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.reports:
+            return
+        nodeid = _plain(report.nodeid)
+        if report.failed:
+            started = self.running.get(nodeid, time.monotonic())
+            crash = getattr(report.longrepr, "reprcrash", None)
+            why = crash.message.splitlines()[0][:300] if crash and crash.message else ""
+            self._write(
+                f"\nFAILED ({report.when}, {time.monotonic() - started:.0f} s) {nodeid}: {why}"
+            )
+        if report.when == "teardown":
+            self.running.pop(nodeid, None)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, None]:
