@@ -11,7 +11,9 @@ with ``EPOCHAL_TEST_TIMES=path`` it also writes one JSON line per test there.
 Where the tests are reported (the xdist controller, or the one process) it also says each
 failure the moment it happens, and on SIGTERM (a CI run past its time) which tests were
 running and for how long before pytest's own summary of what failed: a run that is stopped
-still tells what went wrong.
+still tells what went wrong. With ``EPOCHAL_TEST_BUDGET=seconds`` it sends itself that
+SIGTERM once the session has run that long (CI sets it below the time CI allows), so an
+overrun ends in that report instead of a kill from outside that prints nothing.
 
 Linux only (it reads ``/proc``); elsewhere it records wall times alone.
 """
@@ -175,6 +177,15 @@ class TimingPlugin:
         self.running: dict[str, float] = {}  # test -> when it started (monotonic)
         if self.reports and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stopped)
+            budget = float(os.environ.get("EPOCHAL_TEST_BUDGET") or 0)
+            if budget > 0:
+                timer = threading.Timer(budget, self._over_budget, args=(budget,))
+                timer.daemon = True
+                timer.start()
+
+    def _over_budget(self, budget: float) -> None:
+        self._write(f"\n=== the suite ran past EPOCHAL_TEST_BUDGET ({budget:.0f} s)")
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _write(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
