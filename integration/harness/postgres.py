@@ -34,7 +34,9 @@ from .server import ExternalBackend, LocalBackend, Server
 
 SUPERUSER = "epochal"
 PASSWORD = "epochal"
-MAX_PREPARED_TRANSACTIONS = 64
+MAX_PREPARED_TRANSACTIONS = 256
+"""Room for a 2PC job of 32+ partitions: a transaction per task of a batch, prepared ones
+of a batch in doubt beside the next batch's (the soak at 32 partitions)."""
 INSTALL_HINT = "the PostgreSQL server (Debian: apt-get install postgresql)"
 
 
