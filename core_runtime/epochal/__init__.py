@@ -69,6 +69,11 @@ def register(spark: Any, names: list[str] | None = None) -> list[str]:
         from epochal_sdk import EpochalError
 
         raise EpochalError(f"epochal.register: {refusal}")
+    untested = features.untested_release()
+    if untested:
+        import logging
+
+        logging.getLogger("epochal").warning("epochal.register: %s", untested)
     from epochal.spark.datasource import register as _register
 
     return _register(spark, names)

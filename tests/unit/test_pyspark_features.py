@@ -3,10 +3,15 @@ runs on pyspark 4.3, which has every feature; tests/releases runs the older rele
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+from epochal.config import JobConfig
+from epochal.control.job_requests import submit
 from epochal.spark import features
 
 SCHEMA = StructType(
@@ -52,3 +57,20 @@ def test_only_the_refusal_of_a_found_data_source_is_told_apart() -> None:
         Exception("[DATA_SOURCE_ALREADY_EXISTS] Data source 'epochal.map' already exists.")
     )
     assert not features.found_by_spark(Exception("[DATA_SOURCE_NOT_FOUND] no such source"))
+
+
+def test_a_pyspark_newer_than_any_tested_is_run_with_a_warning_that_says_so(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    assert features.untested_release() == ""  # the suite's own release is tested
+    monkeypatch.setattr(features, "pyspark_version", lambda: "4.4.0")
+    warning = features.untested_release()
+    assert warning.startswith("pyspark 4.4.0 is newer than any epochal is tested on (3.5-4.3)")
+    assert "pin pyspark<=4.3.*" in warning
+    said: list[str] = []
+    submit(
+        "newer", "epochal.pipelines:copy", JobConfig(snapshot_dir=str(tmp_path)), report=said.append
+    )
+    assert said == [f"epochal: {warning}"]  # submitted, not refused
+    monkeypatch.setattr(features, "pyspark_version", lambda: "none")
+    assert features.untested_release() == ""

@@ -52,6 +52,9 @@ def submit(
     refused = features.refusals(available_now=config.available_now)
     if refused:
         raise JobError(f"job {name!r} cannot run on this pyspark: " + "; ".join(refused))
+    untested = features.untested_release()
+    if untested and report is not None:
+        report(f"epochal: {untested}")
     jobdir = JobDirectory(config.snapshot_dir, name)
     target_name = _target_name(target)
     try:

@@ -131,6 +131,29 @@ def pyspark_version() -> str:
         return str(__version__)
 
 
+NEWEST_TESTED = (4, 3)
+"""The newest pyspark line epochal is tested on (its CI's own release; the extra
+``epochal[pyspark]`` stops below the next)."""
+
+
+def untested_release() -> str:
+    """A warning when the installed pyspark is newer than any epochal is tested on (a
+    platform's own pyspark, which pip's bounds on the extra do not hold back); empty
+    otherwise. Such a pyspark is not refused: its features are detected, not assumed."""
+    version = pyspark_version()
+    try:
+        line = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:  # "none", or a version this cannot read: nothing to say
+        return ""
+    if line <= NEWEST_TESTED:
+        return ""
+    newest = ".".join(map(str, NEWEST_TESTED))
+    return (
+        f"pyspark {version} is newer than any epochal is tested on (3.5-{newest}): it runs, "
+        f"untested; pin pyspark<={newest}.* for what the tests cover, and report what fails"
+    )
+
+
 def data_source_refusal() -> str:
     """Why epochal's data source formats cannot run on this interpreter's pyspark (no
     pyspark, or one without the Python data source API); empty when they can."""
