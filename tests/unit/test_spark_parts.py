@@ -21,6 +21,7 @@ from epochal.parts.spark_plan import (
     session_refusal,
     session_verdict_path,
 )
+from epochal.parts.spark_plan.classification import class_name
 from epochal.state.layout import JobLayout
 from epochal.state.lease.session import DriverJvm
 from epochal_sdk import Guarantee
@@ -112,3 +113,39 @@ def test_a_planner_reads_its_own_drivers_refusing_verdict_only(tmp_path: Path) -
     earlier_jvm = DriverJvm(this_driver.pid, this_driver.started + 1)
     _write_verdict(job_dir, earlier_jvm, "refused long ago")
     assert session_refusal(context) is None  # another JVM's verdict is never read
+
+
+class _JvmObject:
+    """A py4j object as far as ``class_name`` reads it: its class's name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def getClass(self) -> _JvmObject:
+        return self
+
+    def getName(self) -> str:
+        return self.name
+
+
+@pytest.mark.parametrize(
+    ("spark_4_0", "spark_4_1"),
+    [
+        ("StreamingRelation", "runtime.StreamingRelation"),
+        ("StreamingExecutionRelation", "runtime.StreamingExecutionRelation"),
+        ("MemoryStream", "runtime.MemoryStream"),
+        ("FileStreamSource", "runtime.FileStreamSource"),
+        ("FileStreamSink", "sinks.FileStreamSink"),
+    ],
+)
+def test_the_streaming_classes_spark_4_1_moved_are_named_as_4_1_names_them(
+    spark_4_0: str, spark_4_1: str
+) -> None:
+    """Spark 4.0 keeps these in ``execution.streaming`` itself: a Delta or file source there
+    was 'a streaming plan node epochal does not know', and an exactly-once job refused."""
+    streaming = "org.apache.spark.sql.execution.streaming."
+    expected = streaming + spark_4_1
+    assert class_name(_JvmObject(streaming + spark_4_0)) == expected
+    assert class_name(_JvmObject(expected)) == expected  # 4.1+: as it is
+    other = "org.apache.spark.sql.execution.streaming.sources.MemorySink"
+    assert class_name(_JvmObject(other)) == other

@@ -66,6 +66,34 @@ _STREAM_CLASS_FORMATS = (
 """What a started query's sources are, by the class of their stream."""
 
 
+_STREAMING = "org.apache.spark.sql.execution.streaming."
+_MOVED_IN_SPARK_4_1 = (
+    # (a class name's start on Spark 4.0, the same class's on 4.1+)
+    *(
+        (f"{_STREAMING}{name}", f"{_STREAMING}runtime.{name}")
+        for name in (
+            "StreamingRelation",
+            "StreamingExecutionRelation",
+            "MemoryStream",
+            "FileStreamSource",
+        )
+    ),
+    (f"{_STREAMING}FileStreamSink", f"{_STREAMING}sinks.FileStreamSink"),
+)
+"""The streaming classes Spark 4.1 moved into ``runtime`` and ``sinks`` packages."""
+
+
+def class_name(obj: Any) -> str:
+    """The JVM class name of ``obj`` as Spark 4.1+ spells it, so that one list of names here
+    serves every release (Spark 4.0 keeps :data:`_MOVED_IN_SPARK_4_1`'s classes in
+    ``execution.streaming`` itself)."""
+    name = str(obj.getClass().getName())
+    for old, new in _MOVED_IN_SPARK_4_1:
+        if name.startswith(old) and not name.startswith(new):
+            return new + name[len(old) :]
+    return name
+
+
 _CHECKED_AT_PLANNING = (
     "epochal's connector: its data source checks it (the connector's max_guarantee and the "
     "part's 'guarantee' option) when Spark plans the query"
@@ -83,7 +111,7 @@ def source_part(leaf: Any, jvm: Jvm, routed: bool = False) -> PlanPart:
 
 
 def _source_of_leaf(leaf: Any, jvm: Jvm) -> PlanPart:
-    kind = leaf.getClass().getName()
+    kind = class_name(leaf)
     if kind == _STREAMING_RELATION_V2:
         return _v2_source(leaf, jvm)
     if kind == _STREAMING_RELATION_V1:
@@ -103,9 +131,9 @@ def _v2_source(leaf: Any, jvm: Jvm) -> PlanPart:
     options = {str(k): str(v) for k, v in leaf.extraOptions().asCaseSensitiveMap().items()}
     if leaf.source().isEmpty():  # a catalog table: what its class says
         table = leaf.table()
-        return _classify(Role.SOURCE, str(table.name()), table.getClass().getName(), options)
+        return _classify(Role.SOURCE, str(table.name()), class_name(table), options)
     provider = leaf.source().get()
-    provider_class = provider.getClass().getName()
+    provider_class = class_name(provider)
     if provider_class == _PYTHON_PROVIDER:
         return _python_part(Role.SOURCE, name, provider.source())
     short = jvm.short_name(provider) or name
@@ -128,7 +156,7 @@ def _v1_source(leaf: Any, jvm: Jvm) -> PlanPart:
 def _running_source(stream: Any | None, table: Any | None, jvm: Jvm) -> PlanPart:
     """A source of a started query, by the class of its stream (or of its table)."""
     table_name = str(table.name()) if table is not None else ""
-    classes = [x.getClass().getName() for x in (stream, table) if x is not None]
+    classes = [class_name(x) for x in (stream, table) if x is not None]
     for prefix, fmt in _STREAM_CLASS_FORMATS:
         if any(name.startswith(prefix) for name in classes):
             if fmt == "python":  # PythonTable.name(): the data source's short name
@@ -156,22 +184,22 @@ _SINK_CLASS_FORMATS = (
 def running_sink(sink: Any, options: Mapping[str, str], jvm: Jvm) -> PlanPart:
     """The sink of a started query (a ``Table`` or a DSv1 ``Sink``), with the writer's
     options."""
-    class_name = sink.getClass().getName()
-    if class_name == _PYTHON_TABLE:  # PythonTable.name(): the data source's short name
+    sink_class = class_name(sink)
+    if sink_class == _PYTHON_TABLE:  # PythonTable.name(): the data source's short name
         name = str(sink.name())
         return _python_part(Role.SINK, name, jvm.python_data_source(name))
-    if class_name.startswith(_FILE_STREAM_SINK):
+    if sink_class.startswith(_FILE_STREAM_SINK):
         fmt = jvm.short_name(private_field(sink, "fileFormat")) or "file"
         return _file_part(Role.SINK, fmt, options)
     for prefix, fmt in _SINK_CLASS_FORMATS:
-        if class_name.startswith(prefix):
+        if sink_class.startswith(prefix):
             return sink_part(fmt, options, jvm)
-    return _classify(Role.SINK, str(sink.getClass().getSimpleName()), class_name, options)
+    return _classify(Role.SINK, str(sink.getClass().getSimpleName()), sink_class, options)
 
 
 def leaf_options(leaf: Any) -> dict[str, str]:
     """The options of a streaming leaf of an analysed plan (a DSv2 or DSv1 relation)."""
-    kind = leaf.getClass().getName()
+    kind = class_name(leaf)
     if kind == _STREAMING_RELATION_V2:
         return {str(k): str(v) for k, v in leaf.extraOptions().asCaseSensitiveMap().items()}
     if kind == _STREAMING_RELATION_V1:
