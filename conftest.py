@@ -51,6 +51,14 @@ FULL_LANE_ONLY: dict[str, str] = {
         "counted by tests/unit/test_retention.py"
     ),
     "integration/test_benchmarks.py::test_fastpath_bench": NO_SMOKE,
+    "tests/releases/test_iceberg.py::"
+    "test_iceberg_tables_as_sink_and_source_exactly_once_through_kills_and_suspends[4.0.5]": (
+        "the same cases on Iceberg's newest Spark line (4.1.4)"
+    ),
+    "tests/releases/test_delta.py::"
+    "test_delta_tables_on_older_sparks_with_input_that_keeps_arriving[*]": (
+        "the same cases on Iceberg 4.1.4, Delta's own on its newest Spark line (4.2.1)"
+    ),
     "integration/test_benchmarks.py::test_flink_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_jms_bench": "the JMS connector's kit cases",
     "integration/test_benchmarks.py::test_kafka_jdbc_bench": NO_SMOKE,

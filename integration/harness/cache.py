@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -237,6 +238,43 @@ _HADOOP_AWS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+PYSPARK_BUILD_TIMEOUT = 1800.0
+"""Seconds pip may take to fetch and build one pyspark release's wheel."""
+
+
+def pyspark_wheelhouse(*releases: str) -> Path:
+    """A directory of pyspark wheels, one per release in ``releases`` (``--find-links``
+    for the environments of other releases). PyPI ships pyspark as a source archive of
+    ~400 MB that pip builds into a wheel whenever its own cache lacks it; here each release
+    is fetched and built once into the harness cache (``wheels/``), which CI machines keep,
+    so an environment's ``pip install pyspark==<release>`` then finds the wheel at once."""
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(exist_ok=True)
+    for release in releases:
+        if _pyspark_wheel(wheels, release) is not None:
+            continue
+        with _locked(wheels / f"pyspark-{release}"):
+            if _pyspark_wheel(wheels, release) is not None:
+                continue
+            with tempfile.TemporaryDirectory(dir=wheels, prefix=".building-") as building:
+                cmd = [
+                    sys.executable,
+                    *("-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps"),
+                    *("--retries", "10", "--timeout", "60"),  # a slow mirror: wait, retry
+                    *("-w", building, f"pyspark=={release}"),
+                ]
+                what = f"fetching and building pyspark {release}'s wheel"
+                run_checked(cmd, what, timeout=PYSPARK_BUILD_TIMEOUT)
+                (built,) = Path(building).glob("pyspark-*.whl")
+                os.replace(built, wheels / built.name)  # whole, or not there
+    return wheels
+
+
+def _pyspark_wheel(wheels: Path, release: str) -> Path | None:
+    found = sorted(wheels.glob(f"pyspark-{release}-*.whl"))
+    return found[0] if found else None
+
+
 def pyspark_home() -> Path:
     """The installed pyspark package directory (it is a Spark distribution: ``jars/``, ``bin/``)."""
     try:
@@ -283,6 +321,8 @@ DELTA_VERSION = "4.4.0"
 publishes for."""
 DELTA_SPARK = "4.2"
 """The Spark release :data:`DELTA_VERSION` is built for."""
+DELTA_PYSPARK = f"{DELTA_SPARK}.1"
+"""The newest pyspark of :data:`DELTA_SPARK`: the Delta tests' environment."""
 
 _ONE_ARTIFACT_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -322,6 +362,8 @@ ICEBERG_VERSION = "1.12.0"
 Spark it publishes for."""
 ICEBERG_SPARK = "4.1"
 """The Spark release :data:`ICEBERG_VERSION` is built for."""
+ICEBERG_PYSPARK = f"{ICEBERG_SPARK}.4"
+"""The newest pyspark of :data:`ICEBERG_SPARK`: the Iceberg tests' environment."""
 
 
 def iceberg_jars(version: str = ICEBERG_VERSION, spark: str = ICEBERG_SPARK) -> list[Path]:

@@ -10,7 +10,7 @@ dependencies (a plain ``pip install``, as users type it) beside
 - no pyspark at all: ``python -m epochal run`` says how to get one.
 
 Cost: two new virtual environments filled by pip from its cache (pyspark 3.5's wheel is
-built once by pip and cached), and a few short Python processes: no Spark session starts.
+built once into the harness cache), and a few short Python processes: no Spark session starts.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from tests.releases.environments import pyspark_requirement
 from tests.wheels import SPARK_3_5_RELEASE
 
 pytestmark = pytest.mark.timeout(1200)
@@ -88,7 +89,7 @@ def test_pip_keeps_a_pip_installed_pyspark_3_5_and_the_formats_refuse_there(
 ) -> None:
     python, pip = _venv(tmp_path / "venv")
     env = _env()
-    done = _run([*pip, f"pyspark=={SPARK_3_5_RELEASE}"], tmp_path, env)
+    done = _run([*pip, *pyspark_requirement(SPARK_3_5_RELEASE)], tmp_path, env)
     assert done.returncode == 0, done.stdout + done.stderr
     done = _run([*pip, *map(str, built_wheels.values())], tmp_path, env)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from integration.harness.cache import pyspark_wheelhouse
+from integration.lakehouse.delta_job import RECORDS
+
 
 def clean_env() -> dict[str, str]:
     """This process's environment without what puts the checkout on the path."""
@@ -24,6 +27,13 @@ def run(
     return subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
+def pyspark_requirement(release: str) -> list[str]:
+    """The ``pip install`` arguments of ``pyspark==release`` as a user types them, with the
+    harness's wheel of it to find (:func:`~integration.harness.cache.pyspark_wheelhouse`:
+    built once, not by every environment)."""
+    return ["--find-links", str(pyspark_wheelhouse(release)), f"pyspark=={release}"]
+
+
 def venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
     """A new virtual environment with ``pyspark==release`` installed first: its directory,
     its python and its ``pip install`` command."""
@@ -33,7 +43,7 @@ def venv_with_pyspark(release: str, tmp_path: Path) -> tuple[Path, str, list[str
     # pip compiles what it installs (0.5 s for pyspark): every process of the environment
     # then reads the bytecode, whether or not the shell lets Python write it
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    done = run([*pip, f"pyspark=={release}"], tmp_path, 900)
+    done = run([*pip, *pyspark_requirement(release)], tmp_path, 900)
     assert done.returncode == 0, done.stdout + done.stderr
     return venv, python, pip
 
@@ -42,21 +52,37 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_lakehouse_cases(
-    release: str, wheels: list[Path], module: str, jars: str, tmp_path: Path
+    release: str, wheels: list[Path], module: str, jars: str, tmp_path: Path, *args: str
 ) -> dict:
     """A new environment of pyspark ``release`` with ``wheels`` installed after it, in which
-    ``python -m module <workdir> <jars>`` runs from the checkout's root (the job modules of
-    ``integration.lakehouse``; epochal itself from the wheels): what it found (its ``FOUND``
-    line), with ``epochal_from`` checked to be the environment's."""
+    ``python -m module <workdir> <jars> [args]`` runs from the checkout's root (the job
+    modules of ``integration.lakehouse``; epochal itself from the wheels): what it found (its
+    ``FOUND`` line), with ``epochal_from`` checked to be the environment's."""
     venv, python, pip = venv_with_pyspark(release, tmp_path)
     done = run([*pip, *(str(w) for w in wheels)], tmp_path, 600)
     assert done.returncode == 0, done.stdout + done.stderr
     work = tmp_path / "work"
     work.mkdir()
-    cases = run([python, "-m", module, str(work), jars], ROOT, 1500)
+    cases = run([python, "-m", module, str(work), jars, *args], ROOT, 1500)
     out = cases.stdout + cases.stderr
     assert cases.returncode == 0, out[-6000:]
     (line,) = [x for x in cases.stdout.splitlines() if x.startswith("FOUND ")]
     found = dict(json.loads(line.removeprefix("FOUND ")))
     assert found["epochal_from"].startswith(str(venv)), "epochal came from the checkout"
     return found
+
+
+def check_arriving_cases(found: dict) -> None:
+    """What ``integration.lakehouse.arriving_job`` must have found, whatever the format:
+    both jobs stopped gracefully (suspended) with every fault fired, and every record in the
+    table and in the map once, by value, nothing in doubt."""
+    for status in ("suspended", "to_table_status", "from_table_status"):
+        assert found[status] == "SUSPENDED", (status, found)
+    assert len(found["to_table_faults"]) == 2, found["to_table_faults"]
+    assert len(found["from_table_faults"]) == 1, found["from_table_faults"]
+    for case in ("to_table", "from_table"):
+        counts = found[case]
+        assert counts["records"] == RECORDS, (case, counts)
+        assert (counts["lost"], counts["duplicated"]) == (0, 0), (case, counts)
+        assert counts["wrong_count"] == 0, (case, counts)
+    assert found["from_table_in_doubt"] == [], found["from_table_in_doubt"]
