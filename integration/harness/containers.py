@@ -121,9 +121,11 @@ def start_postgres_container() -> tuple[ContainerBackend, str]:
     """A PostgreSQL container with prepared transactions enabled; returns backend and DSN."""
     from testcontainers.postgres import PostgresContainer
 
+    from .postgres import MAX_PREPARED_TRANSACTIONS
+
     container = PostgresContainer(
         POSTGRES_IMAGE, username="epochal", password="epochal", dbname="postgres"
-    ).with_command("postgres -c max_prepared_transactions=64")
+    ).with_command(f"postgres -c max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}")
     container.start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(5432)
     return ContainerBackend("postgres", container), (

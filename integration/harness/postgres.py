@@ -100,7 +100,10 @@ class LocalPostgres(LocalBackend):
 
     start_timeout = 60.0
 
-    def __init__(self, name: str = "postgres") -> None:
+    def __init__(
+        self, name: str = "postgres", max_prepared_transactions: int = MAX_PREPARED_TRANSACTIONS
+    ) -> None:
+        """``max_prepared_transactions``: 0 makes a server without two-phase commit."""
         bindir = find_bindir()
         user = _run_user()
         workdir = make_temp_dir("epochal-postgres-", owner=user)
@@ -124,7 +127,7 @@ class LocalPostgres(LocalBackend):
             "listen_addresses": HOST,
             "port": str(self.port),
             "unix_socket_directories": str(sockdir),
-            "max_prepared_transactions": str(MAX_PREPARED_TRANSACTIONS),
+            "max_prepared_transactions": str(max_prepared_transactions),
             "max_connections": "200",
             "shared_buffers": "64MB",
             "logging_collector": "off",

@@ -98,11 +98,8 @@ def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
 
 @pytest.fixture
 def no_prepared_server() -> Iterator[str]:
-    """A second private PostgreSQL with ``max_prepared_transactions = 0`` (the harness class
-    takes no settings: its command line is edited before the first start)."""
-    local = LocalPostgres("postgres-no-2pc")
-    argv = local.process.argv
-    argv[argv.index("max_prepared_transactions=64")] = "max_prepared_transactions=0"
+    """A second private PostgreSQL with ``max_prepared_transactions = 0``."""
+    local = LocalPostgres("postgres-no-2pc", max_prepared_transactions=0)
     try:
         local.start()
         yield local.dsn

@@ -268,12 +268,9 @@ def test_an_unreachable_server_at_start_is_a_config_error(postgres_db: PostgresD
 
 @pytest.fixture(scope="module")
 def no_prepared_server() -> Iterator[str]:
-    """A second private PostgreSQL with ``max_prepared_transactions = 0``: the harness class
-    takes no settings, so its command line is edited before the first start."""
-    local = LocalPostgres("postgres-no-2pc")
-    argv = local.process.argv
-    index = argv.index("max_prepared_transactions=64")
-    argv[index] = "max_prepared_transactions=0"
+    """A second private PostgreSQL with ``max_prepared_transactions = 0``."""
+
+    local = LocalPostgres("postgres-no-2pc", max_prepared_transactions=0)
     try:
         local.start()
         yield local.dsn
