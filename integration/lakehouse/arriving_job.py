@@ -43,6 +43,11 @@ TABLE = "local.db.events"
 """The Iceberg table, in the catalog ``local``."""
 FILES_PER_BATCH = "2"
 """A few of the table's files a batch when it is read, so that the job runs several batches."""
+FILES_PER_BATCH_OPTION = {
+    "iceberg": "streaming-max-files-per-micro-batch",
+    "delta": "maxFilesPerTrigger",
+}
+"""Each format's stream read option for :data:`FILES_PER_BATCH`."""
 CHUNK = 500
 DEADLINE = 600.0
 """Seconds a job may take to get every record into its output before the case fails."""
@@ -79,11 +84,7 @@ def to_table(spark: Any) -> Any:
 def from_table(spark: Any) -> Any:
     """Pipeline 2: the table into the map sink, two-phase commit."""
     case = case_spec()
-    limit = (
-        "streaming-max-files-per-micro-batch"
-        if case["format"] == "iceberg"
-        else ("maxFilesPerTrigger")
-    )
+    limit = FILES_PER_BATCH_OPTION[case["format"]]
     reader = spark.readStream.format(case["format"]).option(limit, FILES_PER_BATCH)
     rows = reader.load(_table(case)).selectExpr("CAST(id AS STRING) AS key", "value")
     sink = {"path": case["output"], "map": "output", "mode": "transactional"}
