@@ -97,6 +97,7 @@ FULL_LANE_ONLY: dict[str, str] = {
     ),
     "integration/test_benchmarks.py::test_kafka_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_latency_bench": NO_SMOKE,
+    "integration/test_benchmarks.py::test_batch_timeline_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_recovery_bench": (
         "the warm standby's take-over (tests/spark/test_jobs.py)"
     ),

@@ -3,7 +3,8 @@ topic into another, exactly-once, and ends when it has read the input to its end
 
 Run by the PyFlink virtual environment's interpreter (apache-flink is not a dependency of the
 suite), with one JSON argument: ``bootstrap``, ``source``, ``sink``, ``jars`` (the Kafka SQL
-connector), ``parallelism``, ``checkpoint_ms`` and ``transactional_id_prefix``.
+connector), ``parallelism``, ``checkpoint_ms``, ``transactional_id_prefix`` and, optionally, ``bounded``
+(default true; false: the job reads on until it is killed, for the latency benchmark).
 
 It is the job a Flink user writes for this copy: the Kafka SQL connector on both sides
 (``raw`` key and value), the source bounded at the offsets it finds at start
@@ -30,6 +31,9 @@ def main() -> None:
     config.set("execution.checkpointing.interval", f"{spec['checkpoint_ms']} ms")
     config.set("execution.checkpointing.mode", "EXACTLY_ONCE")
     kafka = f"'connector' = 'kafka', 'properties.bootstrap.servers' = '{spec['bootstrap']}'"
+    bounded = (
+        ",\n            'scan.bounded.mode' = 'latest-offset'" if spec.get("bounded", True) else ""
+    )
     raw = (
         "'key.format' = 'raw', 'key.fields' = 'k', 'value.format' = 'raw', "
         "'value.fields-include' = 'EXCEPT_KEY'"
@@ -38,8 +42,7 @@ def main() -> None:
         f"""CREATE TABLE source_topic (k BYTES, v BYTES) WITH ({kafka}, {raw},
             'topic' = '{spec["source"]}',
             'properties.group.id' = 'flink-bench',
-            'scan.startup.mode' = 'earliest-offset',
-            'scan.bounded.mode' = 'latest-offset')"""
+            'scan.startup.mode' = 'earliest-offset'{bounded})"""
     )
     env.execute_sql(
         f"""CREATE TABLE sink_topic (k BYTES, v BYTES) WITH ({kafka}, {raw},

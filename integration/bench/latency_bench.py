@@ -21,6 +21,11 @@ topic, checkpoint and epochal job) that runs until every record it was given is 
 * ``epochal at-least-once``: ``epochal.kafka`` → ``epochal.kafka``, ``mode=idempotent``, in an
   at-least-once job;
 * ``Spark Kafka → Spark Kafka (ALO)``: Spark's own Kafka source and sink (at-least-once).
+* ``PyFlink exactly-once`` (with ``--pyflink``, under triggers above 0 only): a PyFlink SQL job
+  (:mod:`integration.bench.flink_job`) with Flink's Kafka SQL connector on both sides,
+  exactly-once, checkpointing every trigger interval (a record is visible when the checkpoint
+  after it completes and the sink's transactions commit); it counts as started once a
+  readiness record went through it.
 
 The trigger is a parameter (``--triggers``, seconds between micro-batches; ``0``: as fast as
 possible, the next batch as soon as the last ends): every way runs under each.
@@ -50,10 +55,16 @@ works, not a measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +84,7 @@ from integration.bench.common import (
     spread,
     write_runs,
 )
+from integration.bench.flink_bench import FLINK_JOB, flink_kafka_jar, pyflink_python
 from integration.bench.kafka_bench import (
     PARTITIONS,
     VALUE_BYTES,
@@ -87,18 +99,25 @@ FAST_IN_ORDER = "fast path, in order → epochal (EO)"
 FB_IN_ORDER = "fast path, in order → foreachBatch epochal (EO)"
 AT_LEAST_ONCE = "epochal at-least-once"
 SPARK_KAFKA = "Spark Kafka → Spark Kafka (ALO)"
-WAYS = (EXACTLY_ONCE, FAST_IN_ORDER, FB_IN_ORDER, AT_LEAST_ONCE, SPARK_KAFKA)
+PYFLINK = "PyFlink exactly-once"
+"""A PyFlink SQL job (:mod:`integration.bench.flink_job`, unbounded) with Flink's Kafka SQL
+connector, exactly-once, checkpointing every trigger interval (``--pyflink``; not under the
+as-fast-as-possible trigger, which Flink's checkpoints have no counterpart of)."""
+WAYS = (EXACTLY_ONCE, FAST_IN_ORDER, FB_IN_ORDER, AT_LEAST_ONCE, SPARK_KAFKA, PYFLINK)
 RATIOS = {
     f"p99 {EXACTLY_ONCE} / {SPARK_KAFKA}": (EXACTLY_ONCE, SPARK_KAFKA),
     f"p99 {FAST_IN_ORDER} / {SPARK_KAFKA}": (FAST_IN_ORDER, SPARK_KAFKA),
     f"p99 {FB_IN_ORDER} / {SPARK_KAFKA}": (FB_IN_ORDER, SPARK_KAFKA),
     f"p99 {AT_LEAST_ONCE} / {SPARK_KAFKA}": (AT_LEAST_ONCE, SPARK_KAFKA),
+    f"p99 {EXACTLY_ONCE} / {PYFLINK}": (EXACTLY_ONCE, PYFLINK),
+    f"p99 {FAST_IN_ORDER} / {PYFLINK}": (FAST_IN_ORDER, PYFLINK),
 }
 """Ratios of p99 latency within a round (lower is better)."""
 TARGETS = {
     f"p99 {EXACTLY_ONCE} / {SPARK_KAFKA}": 1.2,
     f"p99 {FAST_IN_ORDER} / {SPARK_KAFKA}": 1.2,
     f"p99 {FB_IN_ORDER} / {SPARK_KAFKA}": 1.2,
+    f"p99 {EXACTLY_ONCE} / {PYFLINK}": 1.0,
 }
 """The target: exactly-once p99 latency <= 1.2x Spark's own at-least-once pair's, at the same
 rate and trigger."""
@@ -220,9 +239,11 @@ class Latency:
     """The ways on one broker and one SparkSession (``local[2]``, Spark's Kafka connector and
     epochal's ``kafka`` connector)."""
 
-    def __init__(self, kafka: Bench, jars: list[str]) -> None:
+    def __init__(self, kafka: Bench, jars: list[str], pyflink: tuple[str, str] | None) -> None:
         self.kafka = kafka
         self.workdir = kafka.workdir
+        self.pyflink = pyflink
+        """PyFlink's interpreter and Flink's Kafka SQL connector jar (``--pyflink``), or None."""
         self.spark = bench_session(
             "epochal-latency-bench",
             ["kafka"],
@@ -280,19 +301,24 @@ class Latency:
         job = f"latency-{WAYS.index(way)}-{trigger:g}-{turn}".replace(".", "_")
         source, out = self.kafka.new_topic(), self.kafka.new_topic()
         arrivals = Arrivals(self.kafka.bootstrap, out)
-        query = None
+        query: Any = None
         run = Run(way, trigger, -1, measured_from=int(args.rate * args.warmup))
         try:
-            query = self._query(way, source, out, job, trigger)
-            _wait_for_first_trigger(query, way)
+            if way == PYFLINK:
+                query = self._flink(source, out, job, trigger, arrivals)
+            else:
+                query = self._query(way, source, out, job, trigger)
+                _wait_for_first_trigger(query, way)
             run.produced = produce_at_rate(
                 self.kafka.bootstrap, source, args.rate, args.warmup + args.seconds
             )
-            arrivals.wait_for(run.produced, timeout=60 + 3 * trigger)
-            if query.exception() is not None:
-                raise RuntimeError(f"{way}: {query.exception()}")
-            with_data = [p for p in query.recentProgress if p["numInputRows"] > 0]
-            run.phases = mean_phases(with_data[1:] or with_data)
+            ready = 1 if way == PYFLINK else 0  # its readiness record
+            arrivals.wait_for(run.produced + ready, timeout=60 + 3 * trigger)
+            if way != PYFLINK:
+                if query.exception() is not None:
+                    raise RuntimeError(f"{way}: {query.exception()}")
+                with_data = [p for p in query.recentProgress if p["numInputRows"] > 0]
+                run.phases = mean_phases(with_data[1:] or with_data)
         finally:
             if query is not None:
                 query.stop()
@@ -301,15 +327,61 @@ class Latency:
             self.kafka.drop_topic(out)
         if arrivals.error:
             raise RuntimeError(f"{way}: the output's reader failed: {arrivals.error}")
-        run.seen, run.duplicates = len(arrivals.latency), arrivals.duplicates
+        run.seen = sum(1 for n in arrivals.latency if n >= 0)
+        run.duplicates = arrivals.duplicates
         run.latencies = [ms for n, ms in arrivals.latency.items() if n >= run.measured_from]
         return run
+
+    def _flink(self, source: str, out: str, job: str, trigger: float, arrivals: Arrivals) -> Any:
+        """The PyFlink job copying ``source`` into ``out`` (checkpoints every ``trigger``),
+        started in a process group of its own and running once a readiness record (number
+        -1) went through it: submitted, reading, and its first checkpoint committed."""
+        assert self.pyflink is not None
+        python, jar = self.pyflink
+        spec = {
+            "bootstrap": self.kafka.bootstrap,
+            "source": source,
+            "sink": out,
+            "jars": [jar],
+            "parallelism": PARTITIONS,
+            "checkpoint_ms": int(trigger * 1000),
+            "transactional_id_prefix": f"{job}-{uuid.uuid4().hex[:8]}",
+            "bounded": False,
+        }
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+        job_process = FlinkProcess(
+            subprocess.Popen(
+                [python, str(FLINK_JOB), json.dumps(spec)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+        )
+        producer = Producer({"bootstrap.servers": self.kafka.bootstrap, "log_level": 0})
+        stamp = int(time.time() * 1000)
+        value = b"%0*d" % (STAMP_DIGITS, stamp) + b"x" * (VALUE_BYTES - STAMP_DIGITS)
+        producer.produce(source, value, b"-1", partition=0, timestamp=stamp)
+        producer.flush(30)
+        deadline = time.monotonic() + 300
+        while -1 not in arrivals.latency:
+            if job_process.process.poll() is not None or time.monotonic() > deadline:
+                job_process.stop()
+                raise RuntimeError(f"{PYFLINK}: not running:\n{job_process.output()[-3000:]}")
+            time.sleep(0.1)
+        return job_process
 
     def rounds(
         self, args: argparse.Namespace, triggers: list[float], log: Callable[[str], None]
     ) -> list[Run]:
         """``args.rounds`` rounds of every way under every trigger, in rotated orders."""
-        cells = [(trigger, way) for trigger in triggers for way in WAYS]
+        cells = [
+            (trigger, way)
+            for trigger in triggers
+            for way in WAYS
+            if way != PYFLINK or (self.pyflink and trigger > 0)
+        ]
         runs = []
         for number in range(args.rounds):
             for trigger, way in rotated(cells, number):
@@ -325,6 +397,32 @@ class Latency:
                     + f" ms{check}"
                 )
         return runs
+
+
+class FlinkProcess:
+    """The PyFlink job's process (its JVM is a child of it), stopped as a query is."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self) -> str:
+        """What the job printed so far."""
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        """Kill the job's process group (the Python driver and Flink's JVM)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(60)
+        self._reader.join(10)
 
 
 def _wait_for_first_trigger(query: Any, way: str, timeout: float = 180.0) -> None:
@@ -478,6 +576,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--plot", default="latency-bench.png", help="PNG to write")
     parser.add_argument("--json", default="", help="write every run's figures here")
+    parser.add_argument(
+        "--pyflink",
+        action="store_true",
+        help="add PyFlink's exactly-once SQL job (checkpoints every trigger interval; made "
+        "once in a virtual environment of the harness cache)",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -504,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.warmup:g} s (not measured) + {args.seconds:g} s per run; triggers "
             f"{', '.join(_trigger(t) for t in triggers)}; {args.rounds} rounds"
         )
-        bench = Latency(kafka, jars)
+        pyflink = (pyflink_python(), flink_kafka_jar()) if args.pyflink else None
+        bench = Latency(kafka, jars, pyflink)
         place.stack.callback(bench.spark.stop)
         runs = bench.rounds(args, triggers, lambda line: print(line, flush=True))
         print(f"load at the end: {machine()}")

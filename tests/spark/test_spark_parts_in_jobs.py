@@ -29,6 +29,7 @@ import pytest
 
 from epochal import Job, JobConfig, JobStatus
 from epochal.base import processes
+from epochal.metrics import timeline
 from epochal.metrics.exposition import render_prometheus
 from epochal.ops.status import job_status
 from epochal.parts.records import read_parts
@@ -305,7 +306,16 @@ def test_a_query_started_again_in_its_driver_takes_a_new_run_and_settles_its_str
 
     # Started again in the same driver JVM (a Connect client's retry, a loop in the app): a
     # new run, whose start-of-run recovery rolls the stray back before the batch is replayed.
-    _session_copy(session, map_path, checkpoint, **job).awaitTermination()
+    # This run notes its batch's timeline: each task's steps, then the driver's, in order.
+    timed = {**job, timeline.OPTION: "true"}
+    _session_copy(session, map_path, checkpoint, **timed).awaitTermination()
+    (kept,) = timeline.read(jobdir.path)
+    assert kept["batch"] == 1 and kept["tasks"], kept
+    driver = [kept["driver"][m] for m in ("entered", "decided", "completed", "reported")]
+    for task in kept["tasks"]:
+        steps = [task[m] for m in timeline.TASK_MARKS]
+        assert steps == sorted(steps) and steps[-1] <= driver[0], (steps, driver)
+    assert driver == sorted(driver), driver
     record = jobdir.load()
     assert record.run == 2 and jobdir.lease.epoch() == 1, record.runs
     assert record.runs[0]["outcome"] == "its query stopped and was started again in the same driver"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from epochal.base.fault_plan import FaultPlan
 from epochal.base.processes import RUN_TOKEN_ENV
+from epochal.metrics import timeline
 from epochal.state.layout import FAULTS, JobLayout
 from epochal.state.lease import session as session_lease
 from epochal.state.lease.fence import Fence, state_dir
@@ -58,6 +59,9 @@ class JobContext:
     incarnation: str = ""
     """The job's incarnation (its record's; see :mod:`epochal_sdk.ids`), known once the run
     holds the lease ("" for a job recorded without one, or a run without a lease)."""
+    timeline: bool = False
+    """Whether the job's sinks note a timeline of each batch (:mod:`epochal.metrics.timeline`:
+    the option ``epochal.timeline``, or ``EPOCHAL_TIMELINE=1`` in the driver's environment)."""
 
     @classmethod
     def current(cls, options: Mapping[str, str] | None = None) -> JobContext:
@@ -76,6 +80,7 @@ class JobContext:
                 incarnation=str(record.get("incarnation", "")),
                 faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/{FAULTS}"),
                 supervised=True,
+                timeline=timeline.enabled(options),
             )
         opts = {k.lower(): v for k, v in (options or {}).items()}
         env = os.environ
@@ -101,6 +106,7 @@ class JobContext:
             or opts.get("epochal.allowdowngrade", "").lower() == "true",
             faults=FaultPlan.parse(faults_text, marker_dir),
             spark_checkpoint=opts.get("epochal.checkpointlocation") or None,
+            timeline=timeline.enabled(opts),
         )
 
     def holding_the_lease(

@@ -262,6 +262,7 @@ RUNTIME_OPTIONS = frozenset(
         "epochal.leaseTtl",
         "epochal.id",
         "epochal.foreachBatchIdempotent",
+        "epochal.timeline",
     }
 )
 """Every ``epochal.*`` option of a query, the runtime's own: the one list the name check

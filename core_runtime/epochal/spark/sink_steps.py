@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from epochal.metrics import recording
+from epochal.metrics import recording, timeline
 from epochal.protocols import keys
 from epochal.protocols.transactions import ScopedSink, two_phase_commit
 from epochal.protocols.two_phase import TwoPhaseCommit
@@ -52,6 +52,8 @@ class TaskOutcome:
     skipped: bool = False
     bytes: int = 0
     values: dict[str, float] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)
+    """The task's timeline (:mod:`epochal.metrics.timeline`), when the job notes one."""
 
 
 def contract_name(part: Part, sink: Sink) -> str:
@@ -142,6 +144,8 @@ def write_and_prepare(
     """A transactional sink's task: begin, write every batch, prepare (exactly-once: the
     driver decides; less: commit at once). A replay of a batch that was decided writes
     nothing."""
+    marks = timeline.Marks(task=True)
+    marks.mark("entered")
     sink: TransactionalSink = part.build_sink(task)
     timings: dict[str, float] = {}
     try:
@@ -153,16 +157,21 @@ def write_and_prepare(
         records = size = 0
         with recording.timed(timings, "write"):
             txn = sink.begin(task)
+            marks.mark("began")
             try:
                 for batch in batches:
-                    txn.write(batch)
+                    marks.mark("first_rows")
+                    with marks.spent("in_write"):
+                        txn.write(batch)
                     records += batch.num_rows
                     size += batch.nbytes
+                marks.mark("rows_done")
                 part.context.reach("sink.after_write", task.batch)
                 if exactly_once:  # a task of a driver that lost the job prepares nothing
                     part.context.check_fence(f"batch {task.batch}: task {task.partition} preparing")
                 with recording.timed(timings, "prepare"):
                     data = txn.prepare()
+                marks.mark("prepared")
             except BaseException:
                 txn.abort()
                 raise
@@ -174,9 +183,12 @@ def write_and_prepare(
             with recording.timed(timings, "commit"):
                 sink.commit(prepared)
             recording.add(timings, {"committed": 1})
-            return TaskOutcome(records=records, bytes=size, values=_task_values(task, timings))
         return TaskOutcome(
-            prepared=prepared, records=records, bytes=size, values=_task_values(task, timings)
+            prepared=prepared if exactly_once else None,
+            records=records,
+            bytes=size,
+            values=_task_values(task, timings),
+            marks=_returned(part, marks),
         )
     finally:
         sink.close()
@@ -187,6 +199,8 @@ def upsert_and_flush(
 ) -> TaskOutcome:
     """An idempotent sink's task: upsert every batch, flush, and (exactly-once) check that a
     replay of this (batch, partition) wrote the same keys as the first time."""
+    marks = timeline.Marks(task=True)
+    marks.mark("entered")
     sink: IdempotentSink = part.build_sink(task)
     digest = keys.KeyDigest()
     key_columns = sink.key_columns()
@@ -195,15 +209,20 @@ def upsert_and_flush(
     try:
         with recording.timed(timings, "write"):
             writer = sink.open(task)
+            marks.mark("began")
             try:
                 for batch in batches:
-                    writer.write(batch)
+                    marks.mark("first_rows")
+                    with marks.spent("in_write"):
+                        writer.write(batch)
                     digest.add_batch(batch, key_columns)
                     records += batch.num_rows
                     size += batch.nbytes
+                marks.mark("rows_done")
                 part.context.reach("sink.after_write", task.batch)
                 with recording.timed(timings, "flush"):
                     writer.flush()
+                marks.mark("prepared")
             finally:
                 writer.close()
         part.context.reach("sink.after_flush", task.batch)
@@ -211,15 +230,38 @@ def upsert_and_flush(
             store = part.context.store(part.connector)
             txn = task.txn  # a task's: its batch and partition are set
             keys.check_and_record(store, part.part_id, txn.batch, txn.partition, digest)
-        return TaskOutcome(records=records, bytes=size, values=_task_values(task, timings))
+        return TaskOutcome(
+            records=records,
+            bytes=size,
+            values=_task_values(task, timings),
+            marks=_returned(part, marks),
+        )
     finally:
         sink.close()
+
+
+def _returned(part: Part, marks: timeline.Marks) -> dict[str, float]:
+    """A task's marks for its commit message (none when the job notes no timeline)."""
+    if not part.context.timeline:
+        return {}
+    marks.mark("returned")
+    return marks.as_dict()
+
+
+def _keep_timeline(
+    part: Part, batch: int, marks: timeline.Marks, outcomes: Sequence[TaskOutcome | None]
+) -> None:
+    if part.context.timeline:
+        tasks = [o.marks for o in outcomes if isinstance(o, TaskOutcome)]
+        timeline.write(part.context.job_dir, part.part_id, batch, marks, tasks)
 
 
 # -- the driver -------------------------------------------------------------------------------
 def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """The driver's side of a transactional sink's batch: decide and complete it
     (exactly-once), or roll back the strays of failed attempts (less); report the batch."""
+    marks = timeline.Marks(task=False)
+    marks.mark("entered")
     context = part.connector_context(batch=batch)
     sink: TransactionalSink = part.build_sink(context)
     values = collected(outcomes)
@@ -229,8 +271,10 @@ def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome 
             prepared = [o.prepared for o in outcomes if o and o.prepared]
             with recording.timed(values, "decide"):
                 protocol.decide(batch, prepared)
+            marks.mark("decided")
             with recording.timed(values, "commit"):
                 protocol.complete(batch)
+            marks.mark("completed")
             if retention.due(batch):
                 protocol.prune(retention.oldest_kept(batch, retention.DECISION_BATCHES))
         else:  # tasks committed their own transactions; drop those of dead attempts
@@ -240,6 +284,8 @@ def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome 
         sink.close()
         recording.add(values, recording.connector_values(context.metrics.drain()))
         part.report("sink", batch, values)
+        marks.mark("reported")
+    _keep_timeline(part, batch, marks, outcomes)
     part.context.reach("sink.after_commit", batch)
 
 
@@ -261,10 +307,14 @@ def abort_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome |
 def commit_idempotent(part: Part, batch: int, outcomes: Sequence[TaskOutcome | None]) -> None:
     """The driver's side of an idempotent sink's batch: the tasks' upserts are written
     already; forget old key digests now and then, and report the batch."""
+    marks = timeline.Marks(task=False)
+    marks.mark("entered")
     if part.context.job_dir and retention.due(batch):
         oldest = retention.oldest_kept(batch, retention.KEY_DIGEST_BATCHES)
         keys.prune(part.context.store(part.connector), part.part_id, oldest)
     part.report("sink", batch, collected(outcomes))
+    marks.mark("reported")
+    _keep_timeline(part, batch, marks, outcomes)
     part.context.reach("sink.after_commit", batch)
 
 

@@ -51,6 +51,10 @@ LOG_BACKUPS = 2
 METRIC_BATCHES = 20
 """Batches of per-part detail kept in the job's metrics state."""
 
+TIMELINE_BATCHES = 100
+"""Batches whose timeline is kept (metrics/timeline, written only while ``epochal.timeline`` is
+on)."""
+
 PENDING_METRICS = 5_000
 """Metric reports kept that the driver has not collected yet (each task and driver step leaves
 one; a driver with a progress listener collects them after every batch)."""
@@ -94,4 +98,5 @@ def bounds() -> list[Bound]:
         Bound("rotated parts of each log", LOG_BACKUPS, "files"),
         Bound("per-part metric detail (metrics/state.json)", METRIC_BATCHES, "batches"),
         Bound("metric reports not yet collected (metrics/pending)", PENDING_METRICS, "reports"),
+        Bound("batch timelines (metrics/timeline, when on)", TIMELINE_BATCHES, "batches"),
     ]
