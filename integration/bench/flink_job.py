@@ -3,8 +3,9 @@ topic into another, exactly-once, and ends when it has read the input to its end
 
 Run by the PyFlink virtual environment's interpreter (apache-flink is not a dependency of the
 suite), with one JSON argument: ``bootstrap``, ``source``, ``sink``, ``jars`` (the Kafka SQL
-connector), ``parallelism``, ``checkpoint_ms``, ``transactional_id_prefix`` and, optionally, ``bounded``
-(default true; false: the job reads on until it is killed, for the latency benchmark).
+connector), ``parallelism``, ``checkpoint_ms``, ``transactional_id_prefix`` and, optionally,
+``bounded`` (default true; false: the job reads on until it is killed, for the latency
+benchmark).
 
 It is the job a Flink user writes for this copy: the Kafka SQL connector on both sides
 (``raw`` key and value), the source bounded at the offsets it finds at start
