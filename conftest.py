@@ -43,6 +43,11 @@ FULL_LANE_ONLY: dict[str, str] = {
     "test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal[*]": (
         "the demo on the suite's own pyspark (tests/quickstart)"
     ),
+    "tests/releases/test_pyspark_releases.py::"
+    "test_the_reference_connectors_kit_cases_run_on_each_release[*]": (
+        "the map suite's crash cases on each release (the runtime's protocols), and each "
+        "connector's own suite on the suite's own pyspark"
+    ),
     "tests/releases/test_pyspark_releases.py::test_foreach_batch_crash_points_on_pyspark_3_5": (
         "the foreachBatch cases on the suite's own pyspark (integration/kafka)"
     ),

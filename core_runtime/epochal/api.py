@@ -78,6 +78,11 @@ class Job:
         """The job's record (status, run, restarts, progress, failure)."""
         return self.jobdir.load()
 
+    def supervising(self) -> bool:
+        """Whether the supervisor started here (by :meth:`submit` or :meth:`resume`) still
+        runs the job."""
+        return self._thread is not None and self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> JobRecord:
         """Wait for the supervisor started here to finish; the final record."""
         if self._thread is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -110,6 +111,22 @@ def check_spark_setting(key: str, value: str) -> None:
         "600): the driver resolves it where it builds its session and hands it to Spark "
         "after the JVM started (never on a command line); the record keeps the reference.",
     )
+
+
+TIMELINE_OPTION = "epochal.timeline"
+"""The query's option that turns a batch's timeline on (``true``; see
+:mod:`epochal.metrics.timeline`)."""
+TIMELINE_ENV = "EPOCHAL_TIMELINE"
+"""The environment variable that turns the timeline on for every query of a driver (``1``)."""
+
+
+def timeline_enabled(options: Mapping[str, str] | None = None) -> bool:
+    """Whether the timeline is on for a query with these options (or for every query of the
+    process, by :data:`TIMELINE_ENV`)."""
+    opts = {k.lower(): v for k, v in (options or {}).items()}
+    if opts.get(TIMELINE_OPTION.lower(), "").strip().lower() in ("true", "1", "yes"):
+        return True
+    return os.environ.get(TIMELINE_ENV, "").strip().lower() in ("true", "1", "yes")
 
 
 CONNECT_DOC = "docs/how-to/spark-connect.md"

@@ -81,7 +81,9 @@ def add_jars(spark: Any, jars: str) -> None:
 
 
 def copy(spark: Any) -> Any:
-    """source → ``key`` = the record ID, ``value`` = the ID again → sink; the rows routed by
+    """source → ``key`` = the record ID, ``value`` = the ID again (then through the spec's
+    ``transform``, if it names one: the kit's typed record of the ID) → sink; the rows routed
+    by
     ``key`` on the way when the spec says ``route_by_key``, into as many partitions as the
     session's shuffle partitions (a number given, so that adaptive execution does not coalesce
     a small batch into one write task: the kit's crash points need several)."""
@@ -91,7 +93,18 @@ def copy(spark: Any) -> Any:
     )
     if spec.get("route_by_key"):
         out = out.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "key")
+    if spec.get("transform"):
+        out = _transformed(out, spec["transform"])
     return _sink(out, spec)
+
+
+def _transformed(rows: Any, transform: dict[str, Any]) -> Any:
+    """``rows`` through the function ``transform["function"]`` names (``module:attribute``)
+    with ``transform["args"]``: a step the kit adds to its pipeline (the typed record,
+    :func:`epochal.testing.contract_checks.typed.with_typed_columns`)."""
+    module, _, attribute = str(transform["function"]).partition(":")
+    function = getattr(importlib.import_module(module), attribute)
+    return function(rows, *transform.get("args", ()))
 
 
 def running_totals(events: Any, key_expr: str, id_column: str = "id") -> Any:

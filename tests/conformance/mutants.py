@@ -185,7 +185,56 @@ class StrictAckSource(TestQueueSource):
         super().acknowledge(ids)
 
 
+class AckOnCloseSource(TestQueueSource):
+    """close acknowledges every message delivered to its session, the ones it prefetched and
+    never handed over included (a consumer that settles its session when it is closed): they
+    are lost when a job is stopped or its source restarted (at-most-once)."""
+
+    PREFETCH = 5
+
+    def open(self, max_unacknowledged: int) -> None:
+        super().open(max_unacknowledged + self.PREFETCH)
+        self.prefetched: list[Message] = []
+
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        if len(self.prefetched) < max_messages + self.PREFETCH:
+            self.prefetched += super().receive(max_messages + self.PREFETCH, timeout)
+        handed, self.prefetched = self.prefetched[:max_messages], self.prefetched[max_messages:]
+        return handed
+
+    def close(self) -> None:
+        if self.broker is not None:
+            pending = [
+                row[0]
+                for row in self.broker.conn.execute(
+                    "SELECT id FROM messages WHERE queue = ? AND session = ? "
+                    "AND state = 'delivered'",
+                    (self.queue, self.session),
+                )
+            ]
+            self.broker.ack(self.queue, self.session, pending)
+        super().close()
+
+
 # -- transactional sink (the map, two-phase commit) --------------------------------------------
+class CommitOnAbortTransaction(MapTransaction):
+    """Writes what it holds when it is aborted."""
+
+    def abort(self) -> None:
+        if self.items:
+            self.sink.store.put_all(self.sink.target.map, self.items)
+        super().abort()
+
+
+class CommitOnAbortSink(MapSink):
+    """abort writes the transaction's rows where readers see them instead of dropping them:
+    a task stopped or failed before it prepared leaves its rows, which the batch's next
+    attempt writes again (duplicates under exactly-once)."""
+
+    def begin(self, task: ConnectorContext) -> Transaction:
+        return CommitOnAbortTransaction(self, str(task.txn))
+
+
 class VisiblePrepareTransaction(MapTransaction):
     """Applies the rows in ``prepare`` and stages nothing."""
 
@@ -495,6 +544,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-testqueue-ack-ignored": ("acknowledging", IgnoredAckSource),
     "mutant-testqueue-cumulative-ack": ("acknowledging", CumulativeAckSource),
     "mutant-testqueue-strict-ack": ("acknowledging", StrictAckSource),
+    "mutant-testqueue-ack-on-close": ("acknowledging", AckOnCloseSource),
     "mutant-map-visible-prepare": ("transactional", VisiblePrepareSink),
     "mutant-map-recommit": ("transactional", RecommitSink),
     "mutant-map-kept-rollback": ("transactional", KeptRollbackSink),
@@ -502,6 +552,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-memory-prepare": ("transactional", MemoryPrepareSink),
     "mutant-map-skip-empty-prepare": ("transactional", SkipEmptyPrepareSink),
     "mutant-map-local-time": ("transactional", LocalTimeSink),
+    "mutant-map-commit-on-abort": ("transactional", CommitOnAbortSink),
     "mutant-map-append": ("idempotent", AppendingSink),
     "mutant-map-unstable-key": ("idempotent", UnstableKeySink),
     "mutant-map-background-flush": ("idempotent", BackgroundFlushSink),

@@ -2,7 +2,10 @@
 new virtual environment, then epochal's wheels, built from the tree; pip keeps that pyspark,
 a job that needs what the release lacks is refused at submit, the kit's contract checks of
 the map connector pass (in process, no Spark), and ``python -m epochal demo`` (two hard
-driver kills) ends exactly-once.
+driver kills) ends exactly-once. The kit's crash cases run on each release too: the map
+suite's crash points (exactly-once, transactional and idempotent) and its running aggregation
+with the whole driver killed, at a processing-time trigger on 4.0 and 4.1 (which lack the
+available-now trigger for Python sources), at available-now on 4.2.
 
 Each release is a unit of work of its own for the suite's two workers (the root
 conftest.py). pip's cache holds each release's wheel after the first download.
@@ -15,8 +18,13 @@ from shutil import copy
 
 import pytest
 
+from integration.harness.jms import JmsServer
 from integration.harness.kafka import KafkaServer
-from integration.harness.plugin import kafka_server, postgres_server  # noqa: F401 - fixtures
+from integration.harness.plugin import (  # noqa: F401 - fixtures
+    jms_server,
+    kafka_server,
+    postgres_server,
+)
 from integration.harness.postgres import PostgresServer
 from tests.releases.environments import run, venv_with_pyspark
 from tests.wheels import SPARK_3_5_RELEASE
@@ -92,6 +100,139 @@ def test_the_demo_is_exactly_once_on_a_pyspark_installed_before_epochal(
     assert "lost: 0\n" in demo.stdout and "duplicates: 0\n" in demo.stdout, out
     assert "result: exactly-once held" in demo.stdout, out
     assert run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == pyspark_release
+
+
+KIT_CASES = (
+    "points-transactional-exactly-once",
+    "points-idempotent-exactly-once",
+    "aggregate-transactional-exactly-once",
+    "session-failures-transactional-exactly-once",
+)
+"""The map suite's cases each release runs: every crash point of both sink modes and of the
+replayable source, killed in place and (at the end of a batch) whole, exactly-once; the
+running aggregation (Spark's state store) killed in place and whole; the plain-session
+restarter case, which runs on 4.2 and must say why it is skipped on 4.0 and 4.1."""
+
+
+@pytest.mark.parametrize("pyspark_release", RELEASES, indirect=True)
+@pytest.mark.timeout(1200)  # a new environment, then the cases' own run (up to 900 s)
+def test_the_kits_crash_cases_run_on_each_release(
+    pyspark_release: str, built_wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    """The map suite (copied out of the checkout, run by the environment's pytest with
+    epochal from the wheels) on ``pyspark_release``: its crash cases pass, and its coverage
+    table shows each crash point killed; on a release without the available-now trigger the
+    restarter case is skipped with its reason."""
+    venv, python, pip = venv_with_pyspark(pyspark_release, tmp_path)
+    wheels = [str(w) for w in built_wheels.values()]
+    done = run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    suite = tmp_path / "kit"
+    suite.mkdir()
+    copy(MAP_SUITE, suite)
+    chosen = " or ".join(KIT_CASES)
+    kit = ["-p", "no:cacheprovider", "-rs", "-k", f"test_crash_and_recover and ({chosen})"]
+    cases = run([python, "-m", "pytest", *kit, MAP_SUITE.name], suite, 900)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    release = tuple(int(p) for p in pyspark_release.split(".")[:2])
+    ran = len(KIT_CASES) - (release < ADMISSION_CONTROL_SINCE)
+    assert f" {ran} passed" in cases.stdout, out[-6000:]
+    if release < ADMISSION_CONTROL_SINCE:
+        assert " 1 skipped" in cases.stdout, out[-6000:]
+        assert "session-failures ends with a run that finishes its input" in out, out[-6000:]
+        assert f"(this is {pyspark_release})" in out, out[-6000:]
+    else:
+        assert " skipped" not in cases.stdout, out[-6000:]
+    # the coverage table: every crash point of the map suite's cases killed and passed
+    for point in (
+        "source.after_plan",
+        "sink.after_decision",
+        "sink.mid_commit",
+        "sink.after_flush",
+    ):
+        assert any(point in line and "passed" in line for line in out.splitlines()), point
+    where = run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
+    assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"
+
+
+CONNECTOR_CASES = {
+    "integration/jdbc/test_jdbc_conformance.py": "points-transactional-exactly-once",
+    "integration/kafka/test_kafka_conformance.py": "points-transactional-exactly-once",
+    "integration/jms/test_jms_conformance.py": "points-transactional-exactly-once",
+}
+"""The reference connectors' own kit suites and the case each release runs of them: every
+crash point of both sides of each suite (the JDBC and Kafka sinks, the JDBC, Kafka and JMS
+sources and the JMS sink), exactly-once."""
+
+
+@pytest.mark.parametrize("pyspark_release", RELEASES, indirect=True)
+@pytest.mark.timeout(1800)  # a new environment, then the cases' own run (up to 1500 s)
+def test_the_reference_connectors_kit_cases_run_on_each_release(
+    pyspark_release: str,
+    built_wheels: dict[str, Path],
+    kafka_server: KafkaServer,  # noqa: F811
+    postgres_server: PostgresServer,  # noqa: F811
+    jms_server: JmsServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Each reference connector's kit suite on ``pyspark_release`` (the checkout's suites and
+    harness from the root, epochal from the wheels), against this session's servers: the
+    crash points of every suite pass."""
+    venv, python, pip = venv_with_pyspark(pyspark_release, tmp_path)
+    wheels = [str(w) for w in built_wheels.values()]
+    done = run([*pip, *wheels, f"pytest=={pytest.__version__}", "pytest-timeout"], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = ["-p", "no:cacheprovider", "-q", "-rs", "-p", "no:xdist", "--rootdir", str(ROOT)]
+    args += ["--basetemp", str(tmp_path / "cases")]
+    args += ["-k", " or ".join(sorted(set(CONNECTOR_CASES.values())))]
+    servers = {
+        "EPOCHAL_KAFKA_BOOTSTRAP": kafka_server.bootstrap_servers,
+        "EPOCHAL_POSTGRES_DSN": postgres_server.dsn,
+        "EPOCHAL_STOMP_URL": jms_server.url,
+        "EPOCHAL_TEST_LANE": "full",
+    }
+    suites = [str(ROOT / path) for path in CONNECTOR_CASES]
+    cases = run([python, "-m", "pytest", *args, *suites], ROOT, 1500, servers)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    assert " failed" not in cases.stdout and " passed" in cases.stdout, out[-6000:]
+    where = run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
+    assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"
+
+
+FOREACH_BATCH_SUITE = ROOT / "tests" / "conformance" / "test_foreach_batch_conformance.py"
+
+
+@pytest.mark.timeout(900)  # a new environment, then the case's own run (up to 600 s)
+def test_the_kit_runs_the_foreach_batch_writers_on_pyspark_3_5(
+    built_wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    """The kit's suite of the ``foreachBatch`` writers (Spark's text file source → the map
+    sink's writer) on pyspark 3.5, epochal from the wheels: its plain-session case (the
+    application killed whole, paused past its lease, killed at random, stopped gracefully,
+    with records arriving all along) passes; the cases under ``epochal run``, which needs
+    pyspark 4.0+, are skipped saying so."""
+    release = SPARK_3_5_RELEASE
+    venv, python, pip = venv_with_pyspark(release, tmp_path)
+    wheels = [str(w) for w in built_wheels.values()]
+    done = run([*pip, *wheels, f"pytest=={pytest.__version__}"], tmp_path, 600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert run([python, "-c", VERSION], tmp_path, 60).stdout.strip() == release
+    suite = tmp_path / "kit"
+    suite.mkdir()
+    copy(FOREACH_BATCH_SUITE, suite)
+    kit = ["-p", "no:cacheprovider", "-rs", "-k", "test_crash_and_recover"]
+    cases = run([python, "-m", "pytest", *kit, FOREACH_BATCH_SUITE.name], suite, 700)
+    out = cases.stdout + cases.stderr
+    assert cases.returncode == 0, out[-6000:]
+    assert " 1 passed, 2 skipped" in cases.stdout, out[-6000:]
+    assert f"runs under epochal run, which needs pyspark 4.0+ (this is {release})" in out
+    assert any("session random" in line and "passed" in line for line in out.splitlines()), out[
+        -6000:
+    ]
+    where = run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
+    assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"
 
 
 FOREACH_BATCH_RELEASE = SPARK_3_5_RELEASE

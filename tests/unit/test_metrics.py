@@ -119,6 +119,20 @@ def test_steps_reports_are_folded_per_batch_and_part(jobdir: JobDirectory) -> No
     assert not list(Path(recording.metrics_dir(jobdir.path), recording.PENDING).glob("*.json"))
 
 
+def test_records_committed_count_once_per_batch_however_often_it_is_reported(
+    jobdir: JobDirectory,
+) -> None:
+    """A replayed or recovered batch reports its committed records again: the total counts
+    each batch once, by its largest report, in whatever order the reports are folded."""
+    for batch, records in ((3, 100), (4, 80), (4, 80), (3, 100), (5, 0), (5, 60)):
+        recording.report(jobdir.path, "sink", SINK, "jdbc", batch, {"records_committed": records})
+        recording.report(jobdir.path, "sink", SINK, "jdbc", batch, {"records_out": records})
+    state = recording.collect(jobdir.path, 5, None, jobdir.load().created)
+    totals = state["parts"][f"sink-{SINK}"]["totals"]
+    assert totals["records_committed"] == 240
+    assert totals["records_out"] == 420  # written: every attempt counts
+
+
 def test_a_job_started_over_starts_its_metrics_over(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
     recording.report(jobdir.path, "sink", SINK, "jdbc", 0, {"records_out": 7})

@@ -240,7 +240,11 @@ class Driver:
 
     def _start_query(self, build: Any) -> Any:
         assert self.record is not None
+        from epochal.spark.foreach_batch import writers_made
+
+        made_before, _ = writers_made()
         writer = build(self.spark)
+        made, last_writer = writers_made()
         if not hasattr(writer, "start"):
             raise TypeError(
                 f"{self.record.target} returned {type(writer).__name__}; it must return "
@@ -255,14 +259,15 @@ class Driver:
             writer = writer.trigger(
                 processingTime=f"{int(self.config.snapshot_interval * 1000)} milliseconds"
             )
-        self._judge_sparks_parts(writer)
+        epochal_writer = last_writer if made - made_before == 1 else None
+        self._judge_sparks_parts(writer, epochal_writer)
         self.runners = SourceRunnerWatch(jvm_pid(self.spark))
         query = writer.start()
         with self.current.lock:
             self.current.query_run_id = str(query.runId)
         return query
 
-    def _judge_sparks_parts(self, writer: Any) -> None:
+    def _judge_sparks_parts(self, writer: Any, epochal_writer: Any = None) -> None:
         """Read the whole query before it starts (:mod:`epochal.parts.spark_plan`) and judge
         every part that is not epochal's (Spark's sources and sinks, ``foreachBatch``, other
         Python data sources) against the job's guarantee: a part that gives less refuses the
@@ -271,11 +276,17 @@ class Driver:
         and the metrics show it) and the job's effective guarantee in its record: the weakest
         of these parts and the job's (epochal's own parts refuse or lower themselves, and
         record what they run with, when Spark plans them). A writer whose plan cannot be read
-        here (a Spark Connect writer) is said so in the run's log and started unjudged."""
+        here (a Spark Connect writer) is said so in the run's log and started unjudged.
+        ``epochal_writer``: the epochal ``foreachBatch`` writer the job's pipeline made
+        (:func:`~epochal.spark.foreach_batch.writers_made`): the query's ``foreachBatch``
+        sink is that epochal sink, which judges itself at its first batch."""
         assert self.jobdir is not None
         config = self.config
+        sink = None
+        if epochal_writer is not None:
+            sink = (epochal_writer.connector, epochal_writer.options)
         try:
-            plan = read_query(writer)
+            plan = read_query(writer, sink)
         except UnreadablePlanError as exc:
             sys.stderr.write(f"epochal driver: Spark's own parts are not checked: {exc}\n")
             return

@@ -47,6 +47,10 @@ COUNTERS = {
     "records_in": "records read (a replayed batch's records count again)",
     "bytes_in": "bytes read (Arrow, in memory)",
     "records_out": "records written by the part's tasks (replays and retries count again)",
+    "records_committed": (
+        "records of the batches the sink committed, once per batch whatever its replays and "
+        "retries (a transactional sink's from its commit decision)"
+    ),
     "bytes_out": "bytes written (Arrow, in memory)",
     "dedupe_dropped": "redelivered messages dropped by the dedupe window",
     "redeliveries_outside_window": "redelivered messages older than the dedupe window",
@@ -58,6 +62,12 @@ COUNTERS = {
     "batches": "batches this part took part in",
 }
 """The runtime's counters of a part, by the key a step reports them under."""
+ONCE_PER_BATCH = ("records_committed",)
+"""Counters a step reports whole for its batch, as often as it touches the batch (a replay,
+a recovery): a batch counts once, by its largest report, never by the sum of its reports.
+Reports are folded in the order they were made; a report of a batch no longer among the
+part's last :data:`~epochal.state.retention.METRIC_BATCHES` batches (a recovery's comes at
+the next run's start, a batch or two later) would count again."""
 
 PHASES = {
     "plan": "planning a batch (latest offsets, receiving and storing messages)",
@@ -120,7 +130,9 @@ def report(
     try:
         pending = f"{directory}/{PENDING}"
         files.makedirs(pending)
-        name = f"{pending}/{kind}-{part_id}-{uuid.uuid4().hex}"
+        # named by when: the driver folds them in the order they were made, so a batch's
+        # second report (a replay's, a recovery's) meets its first (ONCE_PER_BATCH)
+        name = f"{pending}/{time.time_ns():020d}-{kind}-{part_id}-{uuid.uuid4().hex}"
         with files.open_private(f"{name}.tmp") as fh:
             json.dump(entry, fh)
         os.replace(f"{name}.tmp", f"{name}.json")
@@ -248,6 +260,12 @@ def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int | None) -> No
         del batches[: -retention.METRIC_BATCHES]
         if "batches" not in values and at is not None:
             values["batches"] = 1.0
+    for name in ONCE_PER_BATCH:
+        if name in values:
+            before = float(current["values"].get(name, 0.0))
+            value = max(before, values.pop(name))
+            current["values"][name] = value
+            part["totals"][name] = float(part["totals"].get(name, 0.0)) + value - before
     add(current["values"], values)
     add(part["totals"], values)
 

@@ -29,14 +29,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from epochal.base import files
+from epochal.config import TIMELINE_ENV, TIMELINE_OPTION, timeline_enabled
 from epochal.metrics.recording import metrics_dir
 from epochal.state import retention
 
 log = logging.getLogger("epochal.metrics")
 
-OPTION = "epochal.timeline"
+OPTION = TIMELINE_OPTION
 """The query's option that turns the timeline on (``true``)."""
-ENV = "EPOCHAL_TIMELINE"
+ENV = TIMELINE_ENV
 """The environment variable that turns it on for every query of a driver (``1``)."""
 DIRECTORY = "timeline"
 """The metrics subdirectory that holds one file per batch and part."""
@@ -59,13 +60,9 @@ fresh worker imports it for its first task)."""
 _tasks_here = 0
 
 
-def enabled(options: Mapping[str, str] | None = None) -> bool:
-    """Whether the timeline is on for a query with these options (or for every query of the
-    process, by :data:`ENV`)."""
-    opts = {k.lower(): v for k, v in (options or {}).items()}
-    if opts.get(OPTION.lower(), "").strip().lower() in ("true", "1", "yes"):
-        return True
-    return os.environ.get(ENV, "").strip().lower() in ("true", "1", "yes")
+enabled = timeline_enabled
+"""Whether the timeline is on for a query with these options (or, by :data:`ENV`, for every
+query of the process)."""
 
 
 class Marks:

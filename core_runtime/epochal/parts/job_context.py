@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from epochal.base.fault_plan import FaultPlan
 from epochal.base.processes import RUN_TOKEN_ENV
-from epochal.metrics import timeline
+from epochal.config import timeline_enabled
 from epochal.state.layout import FAULTS, JobLayout
 from epochal.state.lease import session as session_lease
 from epochal.state.lease.fence import Fence, state_dir
@@ -80,7 +80,7 @@ class JobContext:
                 incarnation=str(record.get("incarnation", "")),
                 faults=FaultPlan.parse(record.get("faults", ""), f"{directory}/{FAULTS}"),
                 supervised=True,
-                timeline=timeline.enabled(options),
+                timeline=timeline_enabled(options),
             )
         opts = {k.lower(): v for k, v in (options or {}).items()}
         env = os.environ
@@ -106,7 +106,7 @@ class JobContext:
             or opts.get("epochal.allowdowngrade", "").lower() == "true",
             faults=FaultPlan.parse(faults_text, marker_dir),
             spark_checkpoint=opts.get("epochal.checkpointlocation") or None,
-            timeline=timeline.enabled(opts),
+            timeline=timeline_enabled(opts),
         )
 
     def holding_the_lease(

@@ -147,9 +147,12 @@ class TwoPhaseCommit:
         record = self._store().read_json(self._decision_key(batch))
         return [Prepared(t["id"], t.get("data")) for t in record["transactions"]]
 
-    def decide(self, batch: int, prepared: Iterable[Prepared]) -> list[Prepared]:
+    def decide(
+        self, batch: int, prepared: Iterable[Prepared], records: int | None = None
+    ) -> list[Prepared]:
         """Record the decision for ``batch`` durably (once: a second call, or a second
-        writer, keeps the first decision)."""
+        writer, keeps the first decision), with the number of ``records`` its transactions
+        hold (for :meth:`committed_records`)."""
         if self.is_decided(batch):
             return self.decision(batch)
         chosen = list(prepared)
@@ -160,6 +163,7 @@ class TwoPhaseCommit:
             "lease_epoch": self.lease_epoch,
             "run": self.run,
             "transactions": [{"id": p.transaction_id, "data": p.data} for p in chosen],
+            "records": records,
         }
         try:
             self._store().write_json(
@@ -174,6 +178,14 @@ class TwoPhaseCommit:
         self.fence(f"batch {batch}: decision recorded")
         self.step("sink.after_decision", batch)
         return chosen
+
+    def committed_records(self, batch: int) -> int | None:
+        """The records of ``batch``'s decided transactions, as its decision recorded them
+        (None: not recorded, or the decision is gone)."""
+        if not self.is_decided(batch):
+            return None
+        records = self._store().read_json(self._decision_key(batch)).get("records")
+        return None if records is None else int(records)
 
     def complete(self, batch: int) -> None:
         """Phase 2 for a decided batch, then roll back its other prepared attempts."""

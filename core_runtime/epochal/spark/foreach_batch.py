@@ -130,6 +130,8 @@ class ForeachBatchWriter:
         registry.check_runtime_options(self.options)
         registry.check_options(connector, "sink", self.options)
         self._run: _Run | None = None
+        global _made, _last_made
+        _made, _last_made = _made + 1, self
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         run = self._run or self._start(frame)
@@ -223,6 +225,7 @@ class ForeachBatchWriter:
             protocol = sink_steps.two_phase(part, sink)
             protocol.complete(batch)
             values.update(sink_steps.settled(protocol))
+            values.update(sink_steps.committed_records(protocol, batch))
         finally:
             sink.close()
             part.report("sink", batch, values)
@@ -232,6 +235,19 @@ class ForeachBatchWriter:
             batch,
         )
         part.context.reach("sink.after_commit", batch)
+
+
+_made = 0
+_last_made: ForeachBatchWriter | None = None
+
+
+def writers_made() -> tuple[int, ForeachBatchWriter | None]:
+    """How many writers this process has made, and the last one: a driver that builds a
+    job's query (``epochal run``) compares the count before and after, and judges the
+    query's ``foreachBatch`` sink as that writer's epochal sink when the build made exactly
+    one (the writer then refuses or lowers itself at its first batch, as a data source
+    sink does when Spark plans it), not as an unknown function."""
+    return _made, _last_made
 
 
 def _roll_back_batch(part: Part, batch: int) -> None:

@@ -220,6 +220,9 @@ def upsert_and_flush(
                     size += batch.nbytes
                 marks.mark("rows_done")
                 part.context.reach("sink.after_write", task.batch)
+                if part.guarantee == Guarantee.EXACTLY_ONCE:  # a task of a driver that lost
+                    # the job flushes nothing: its rows could be older than the new driver's
+                    part.context.check_fence(f"batch {task.batch}: task {task.partition} flushing")
                 with recording.timed(timings, "flush"):
                     writer.flush()
                 marks.mark("prepared")
@@ -270,15 +273,17 @@ def commit_transactional(part: Part, batch: int, outcomes: Sequence[TaskOutcome 
         if part.guarantee == Guarantee.EXACTLY_ONCE:
             prepared = [o.prepared for o in outcomes if o and o.prepared]
             with recording.timed(values, "decide"):
-                protocol.decide(batch, prepared)
+                protocol.decide(batch, prepared, records=int(values["records_out"]))
             marks.mark("decided")
             with recording.timed(values, "commit"):
                 protocol.complete(batch)
             marks.mark("completed")
+            values.update(committed_records(protocol, batch))
             if retention.due(batch):
                 protocol.prune(retention.oldest_kept(batch, retention.DECISION_BATCHES))
         else:  # tasks committed their own transactions; drop those of dead attempts
             protocol.rollback_strays(batch)
+            values["records_committed"] = values["records_out"]
         recording.add(values, settled(protocol))
     finally:
         sink.close()
@@ -312,7 +317,9 @@ def commit_idempotent(part: Part, batch: int, outcomes: Sequence[TaskOutcome | N
     if part.context.job_dir and retention.due(batch):
         oldest = retention.oldest_kept(batch, retention.KEY_DIGEST_BATCHES)
         keys.prune(part.context.store(part.connector), part.part_id, oldest)
-    part.report("sink", batch, collected(outcomes))
+    values = collected(outcomes)
+    values["records_committed"] = values["records_out"]  # a replay upserts the batch whole
+    part.report("sink", batch, values)
     marks.mark("reported")
     _keep_timeline(part, batch, marks, outcomes)
     part.context.reach("sink.after_commit", batch)
@@ -330,4 +337,14 @@ def start_run(part: Part, sink: Sink, contract: str) -> str:
     with recording.timed(values, "recover"):
         report = protocol.recover()
     part.report("sink", None, recording.add(values, settled(protocol)))
+    for batch in report.completed_batches:  # decided in an earlier run, reported maybe not
+        part.report("sink", batch, committed_records(protocol, batch))
     return f"{report} {report.rolled_back}"
+
+
+def committed_records(protocol: TwoPhaseCommit, batch: int) -> dict[str, float]:
+    """The metric of ``batch``'s committed records, from its decision (empty when the
+    decision is gone or holds no count): whichever run decided the batch, and however often
+    it is completed again, the count is the decided attempt's."""
+    records = protocol.committed_records(batch)
+    return {} if records is None else {"records_committed": float(records)}

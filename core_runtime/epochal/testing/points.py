@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from epochal.state.jobs import JobStatus
 from epochal_sdk import Guarantee
 
 if TYPE_CHECKING:
@@ -112,6 +111,8 @@ def coverage_rows(suite: LabelsCrashPoints, scenario: Scenario) -> list[Coverage
             kill = fault.kind if fault.kind in ("supervisor", "pause") else "random"
         elif scenario.kind == "session-failures":
             kill = f"session {fault.kind}"
+        elif scenario.kind == "zombie-upsert":
+            kill = "zombie task"
         else:
             kill = fault.kind
         rows.append(
@@ -119,7 +120,7 @@ def coverage_rows(suite: LabelsCrashPoints, scenario: Scenario) -> list[Coverage
                 suite.connector_label(fault.point),
                 fault.point if scenario.pipeline == "copy" else f"{fault.point} (aggregate)",
                 scenario.guarantee.label,
-                scenario.mode,
+                scenario.mode_label,
                 kill,
             )
         )
@@ -130,7 +131,7 @@ def coverage_rows(suite: LabelsCrashPoints, scenario: Scenario) -> list[Coverage
                 suite.connector_label(JOB_POINT),
                 "random kills (driver, Python worker)",
                 scenario.guarantee.label,
-                scenario.mode,
+                scenario.mode_label,
                 "session random" if session else "random",
             )
         )
@@ -164,7 +165,7 @@ def fault_results(scenario: Scenario, outcome: Outcome, per_batch: int, failed: 
         return [PASSED] * len(scenario.faults) + random_row
     fired = len(outcome.fired)
     states = [PASSED] * fired + [NOT_REACHED] * (len(scenario.faults) - fired)
-    if outcome.record.status != JobStatus.COMPLETED:
+    if not outcome.ended_as_meant:
         states[max(fired - 1, 0)] = FAILED
         return states + [NOT_REACHED] * len(random_row)
     if fired < len(scenario.faults):

@@ -471,3 +471,91 @@ def check_zombie_wrote_nothing(
             late.append((sink_id, batch, decision.get("lease_epoch")))
     assert not late, f"the zombie recorded commit decisions after its pause: {late}"
     notes.append(f"zombie (epoch {zombie_epoch}, paused at batch {paused_batch}) wrote nothing")
+
+
+class ZombieUpsert(RealFailures):
+    """The zombie write task of an idempotent sink: can a task of a driver that lost the
+    job write an old value over a newer one? The pipeline is the running aggregation (a
+    group's value, ``count:sum``, only grows), in the sink's idempotent mode:
+
+    1. Supervisor A runs the job until one of its write tasks has upserted a batch's rows
+       (``sink.after_write``, before its flush), where the fault pauses A and its whole
+       driver run (SIGSTOP); A's lease is taken for one held on another machine.
+    2. Supervisor C resumes the job: it waits for the lease to expire, takes over at a new
+       epoch, replays the batch and finishes the job (every record is there before it
+       starts: nothing else writes afterwards).
+    3. The sink's values are read; A's supervisor and driver are lost (SIGKILL), and the
+       paused task alone is woken, as an executor cut off from its replaced driver would
+       be. When it has ended, the sink is read again: no group's value may have gone back
+       (a task that flushed its old totals over C's newer ones).
+    """
+
+    def __init__(
+        self,
+        jobdir: JobDirectory,
+        scenario: Scenario,
+        config: JobConfig,
+        seed: str,
+        temp_dir: str,
+        committed: Callable[[], list[tuple[str, str]]],
+    ):
+        super().__init__(jobdir, scenario, config, seed, temp_dir)
+        self.committed = committed
+        """The sink's (key, value) entries, as the independent reader sees them now."""
+
+    def _run(self, notes: list[str]) -> JobRecord:
+        (pause,) = self.scenario.faults
+        submit(self.jobdir.name, f"epochal.pipelines:{self.scenario.pipeline}", self.config)
+        first = self._supervise("a")
+        wait_for(
+            lambda: self.plan.fired() == [pause.label] or first.poll() is not None,
+            "a write task of supervisor A to pause",
+            300,
+        )
+        assert first.poll() is None, f"supervisor A ended ({first.returncode}) before the pause"
+        zombie = self.plan.marker_info(pause.label)
+        elsewhere(self.jobdir)
+        lease = self.jobdir.lease.read()
+        assert lease is not None
+        zombie_epoch = lease.epoch
+        taker = self._supervise("c")
+        wait_for(lambda: taker.poll() is not None, "supervisor C to take over and finish", 600)
+        record = self.jobdir.load()
+        if taker.returncode != 0 or record.status != JobStatus.COMPLETED:
+            record.failure = f"{record.failure}\n{driver_log_tail(self.jobdir.logs)}"
+            return record
+        taken = self._first_batch_of_epoch_after(zombie_epoch)
+        assert taken is not None, f"no run after epoch {zombie_epoch}: {record.runs}"
+        before = _group_counts(self.committed())
+        task, token = int(zombie["pid"]), str(zombie["token"])
+        assert processes.alive(task), "the zombie write task is gone before its driver"
+        os.kill(task, signal.SIGCONT)  # first: see RealFailures._zombie_write_task
+        woken = time.monotonic()
+        first.kill()
+        first.wait()
+        wait_for(
+            lambda: not [p for p in processes.processes_of(token) if p != task and _kill(p)],
+            "the zombie's driver run to die, its write task kept",
+            30,
+        )
+        wait_for(lambda: not processes.alive(task), "the zombie write task to end", 60)
+        after = _group_counts(self.committed())
+        back = {k: (before[k], after.get(k)) for k in before if after.get(k, 0) < before[k]}
+        assert not back, (
+            f"the zombie write task (batch {zombie.get('batch')} of a driver that lost the job "
+            f"at epoch {zombie_epoch}), woken after run {taken['run']} finished the job, "
+            f"wrote old values over newer ones (group: (count before, count after)): {back}"
+        )
+        notes.append(
+            f"zombie upsert task of batch {zombie.get('batch')} woken after the take-over "
+            f"finished the job: ended {time.monotonic() - woken:.1f}s later, no value went back"
+        )
+        return self.jobdir.load()
+
+
+def _group_counts(entries: list[tuple[str, str]]) -> dict[str, int]:
+    """Each group's last count (``count:sum``) among the sink's entries."""
+    last: dict[str, int] = {}
+    for key, value in entries:
+        last[key] = int(value.partition(":")[0] or 0)
+    return last

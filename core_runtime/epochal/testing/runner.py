@@ -1,21 +1,41 @@
 """Running one scenario of the kit: a job run through a sequence of failures, then counted by
-record ID through the sink's independent reader (:func:`run_case`)."""
+record ID through the sink's independent reader (:func:`run_case`).
+
+Jobs run at one of two triggers (:func:`kit_trigger`):
+
+``available-now``    every record is there before the job starts; the source's read limit
+                     (``maxRecordsPerBatch``) cuts them into batches and the job finishes
+                     when it has read them all (``COMPLETED``). Needs read limits and the
+                     available-now trigger for Python sources: pyspark 4.2+.
+``processing-time``  where those are missing (pyspark 4.0 and 4.1), as the runtime tells a
+                     user to run there: a trigger every :data:`PROCESSING_TIME_INTERVAL`
+                     seconds, records arriving a batch's worth at a time, each chunk once
+                     the sink shows everything before it (so each batch holds about one
+                     chunk and the sequence of faults fires one batch after another), more
+                     chunks until every fault fired, then a graceful stop (``jobs
+                     suspend``): the job ends ``SUSPENDED``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from epochal.api import Job
 from epochal.base.fault_plan import FaultPlan
 from epochal.config import JobConfig
 from epochal.control.launcher import DriverPool
+from epochal.metrics import recording
 from epochal.pipelines import SPEC_FILE
 from epochal.state.jobs import JobDirectory, JobRecord, JobStatus
+from epochal.testing.contract_checks import typed
 from epochal.testing.points import RESTARTER_KINDS
-from epochal.testing.real_failures import KeepProducing, RealFailures
+from epochal.testing.real_failures import KeepProducing, RealFailures, ZombieUpsert
 from epochal.testing.scenarios import (
     KIT_LEASE_TTL,
     LOCAL,
@@ -27,6 +47,60 @@ from epochal.testing.scenarios import (
 )
 from epochal.testing.session_failures import SessionFailures
 from epochal.testing.under_test import SinkUnderTest, SourceUnderTest
+
+KIT_TRIGGER_ENV = "EPOCHAL_KIT_TRIGGER"
+"""Forces the kit's trigger (``available-now`` or ``processing-time``) whatever the installed
+pyspark has: a suite run on pyspark 4.2+ can take the path of the older releases."""
+AVAILABLE_NOW = "available-now"
+PROCESSING_TIME = "processing-time"
+PROCESSING_TIME_INTERVAL = 0.5
+"""Seconds between the triggers of a processing-time run."""
+CHUNKED_DEADLINE = 600.0
+"""Seconds a processing-time run may take to show every record it was given."""
+FINISHING_KINDS = (*RESTARTER_KINDS, "zombie-upsert")
+"""Scenarios that end with a run that finishes its input (available-now)."""
+MORE_CHUNKS = 3
+"""A processing-time run gets at most this many times its planned records while it waits
+for its faults to fire (then the check says which did not)."""
+
+
+def kit_trigger(source: SourceUnderTest) -> str:
+    """The trigger of the kit's jobs reading ``source``: ``available-now`` for Spark's own
+    sources (``source.format``: they have it on every supported release) and where the
+    installed pyspark gives Python sources read limits and the available-now trigger (4.2+),
+    else ``processing-time``; :data:`KIT_TRIGGER_ENV` forces one."""
+    forced = os.environ.get(KIT_TRIGGER_ENV, "").strip().lower()
+    if forced:
+        if forced not in (AVAILABLE_NOW, PROCESSING_TIME):
+            raise ValueError(
+                f"{KIT_TRIGGER_ENV}={forced!r}: give {AVAILABLE_NOW} or {PROCESSING_TIME}"
+            )
+        return forced
+    from epochal.spark.features import ADMISSION_CONTROL
+
+    return AVAILABLE_NOW if source.format or ADMISSION_CONTROL.available else PROCESSING_TIME
+
+
+def not_runnable(scenario: Scenario, source: SourceUnderTest) -> str | None:
+    """Why ``scenario`` cannot run on the installed pyspark (None: it can). A supervised
+    scenario runs under ``epochal run``, which needs the Python data source API (pyspark
+    4.0+); the restarter scenarios end with a run that finishes its input, which needs the
+    available-now trigger (for an epochal source, pyspark 4.2+)."""
+    from epochal.spark.features import DATA_SOURCE_API, pyspark_version
+
+    if scenario.kind != "session-failures" and not DATA_SOURCE_API.available:
+        return (
+            f"{scenario.kind} runs under epochal run, which needs pyspark 4.0+ (this is "
+            f"{pyspark_version()}); the plain-session cases (session-failures) run here"
+        )
+    if scenario.kind in FINISHING_KINDS and kit_trigger(source) == PROCESSING_TIME:
+        return (
+            f"{scenario.kind} ends with a run that finishes its input (available-now), which "
+            f"Python sources have from pyspark 4.2 on (this is {pyspark_version()}); the "
+            "crash points, whole-driver and executor kills and the aggregate run here at a "
+            "processing-time trigger"
+        )
+    return None
 
 
 def run_case(
@@ -47,6 +121,10 @@ def run_case(
     if scenario.kind in RESTARTER_KINDS:
         batches += 20  # room for the take-overs and the random kills (~5-10 batches)
     ids = list(range(max(records, per_batch * batches)))
+    chunked = kit_trigger(source) == PROCESSING_TIME and scenario.kind not in FINISHING_KINDS
+    planned = len(ids)
+    if chunked:
+        del ids[per_batch:]  # the rest arrives while the job runs
     source.produce(ids)
     limits = {"maxRecordsPerBatch": str(per_batch)}
     if replayable and not source.format:  # an epochal replayable source: a batch's splits in
@@ -61,10 +139,19 @@ def run_case(
         "id_expr": source.id_expr,
         "groups": groups,
         "route_by_key": source.route_by_key,
+        "sink_path": scenario.sink_path,
     }
+    typed_types = _typed(scenario, sink)
+    if typed_types:
+        spec["transform"] = {
+            "function": f"{typed.__name__}:{typed.with_typed_columns.__name__}",
+            "args": [[t.name for t in typed_types]],
+        }
+    read = _reader(sink, scenario.mode, typed_types)
     config = JobConfig(
         guarantee=scenario.guarantee,
-        available_now=True,
+        available_now=not chunked,
+        snapshot_interval=PROCESSING_TIME_INTERVAL,
         master=scenario.master,
         snapshot_dir=snapshot_dir,
         faults=scenario.plan,
@@ -80,7 +167,16 @@ def run_case(
     with open(f"{jobdir.path}/{SPEC_FILE}", "w") as fh:
         json.dump(spec, fh)
     notes: list[str] = []
-    if scenario.kind in ("real-failures", "session-failures"):
+    if scenario.kind == "zombie-upsert":
+        record = ZombieUpsert(
+            jobdir,
+            scenario,
+            config,
+            seed=name,
+            temp_dir=scenario_temp_dir(snapshot_dir),
+            committed=lambda: [kv for kv, _ in read()],
+        ).run(notes)
+    elif scenario.kind in ("real-failures", "session-failures"):
         producer = KeepProducing(source.produce, first=len(ids))
         restarted = RealFailures if scenario.kind == "real-failures" else SessionFailures
         record = restarted(
@@ -103,19 +199,36 @@ def run_case(
             report=lines.append,
             pool=use_pool,
         )
-        record = job.join(timeout=600)
-        if record.status != JobStatus.COMPLETED:
+        if chunked:
+            record = _in_chunks(
+                job,
+                scenario,
+                ids,
+                source.produce,
+                lambda: caught_up(scenario, ids, [kv for kv, _ in read()], groups),
+                per_batch,
+                MORE_CHUNKS * planned,
+            )
+        else:
+            record = job.join(timeout=600)
+        if record.status != _ending(chunked):
             record.failure = (
                 f"{record.failure}\nsupervisor: {lines}\n{driver_log_tail(jobdir.logs)}"
             )
     plan = FaultPlan.parse(scenario.plan, jobdir.layout.faults)
     fired = plan.fired()
     fired_batches = {label: plan.marker_info(label).get("batch") for label in fired}
-    committed = sink.committed(scenario.mode)
+    seen_rows = read()
+    committed = [kv for kv, _ in seen_rows]
+    ending = _ending(chunked)
     if scenario.pipeline == "aggregate":
-        return _count_groups(record, ids, committed, groups, fired)
+        outcome = _count_groups(record, ids, committed, groups, fired)
+        outcome.ending = ending
+        return outcome
     seen = [int(key) for key, _ in committed]
     counts = Counter(seen)
+    wrong_typed = _typed_differences([row for _, row in seen_rows], typed_types)
+    metric = committed_metric(jobdir)
     return Outcome(
         record=record,
         expected=len(ids),
@@ -126,7 +239,125 @@ def run_case(
         notes=notes,
         fired_batches=fired_batches,
         wrong=wrong_values(committed),
+        wrong_typed=wrong_typed,
+        ending=ending,
+        metric_committed=metric,
     )
+
+
+def committed_metric(jobdir: JobDirectory) -> float | None:
+    """The job's sink parts' ``records_committed`` counters, summed (None when no sink part
+    reported one): what ``jobs metrics`` shows as ``epochal_records_committed_total``."""
+    state = recording.current_state(jobdir.path)
+    found = [
+        float(part["totals"]["records_committed"])
+        for part in state.get("parts", {}).values()
+        if part.get("kind") == "sink" and "records_committed" in part.get("totals", {})
+    ]
+    return sum(found) if found else None
+
+
+def _typed(scenario: Scenario, sink: SinkUnderTest) -> list[typed.KitType]:
+    """The kit types the copy pipeline of ``scenario`` carries beside ``key`` and ``value``:
+    every type the sink says it maps (``SinkUnderTest.types``), in the crash points'
+    scenarios (``points``); none elsewhere."""
+    if scenario.kind != "points" or scenario.pipeline != "copy" or not sink.types:
+        return []
+    return typed.kit_types(sink.types)
+
+
+def _reader(
+    sink: SinkUnderTest, mode: str, types: list[typed.KitType]
+) -> Callable[[], list[tuple[tuple[str, str], dict[str, Any] | None]]]:
+    """How the kit reads what the sink shows: each visible write as ``(key, value)`` with,
+    when the pipeline carries the typed record, its typed row (``committed_typed``; the
+    ``value`` is then the key again: the typed columns hold the values)."""
+    if not types:
+        return lambda: [(kv, None) for kv in sink.committed(mode)]
+    schema = typed.typed_schema(types)
+
+    def typed_rows() -> list[tuple[tuple[str, str], dict[str, Any] | None]]:
+        rows = sink.committed_typed(mode, schema)
+        return [((str(r.get("key")), str(r.get("key"))), r) for r in rows]
+
+    return typed_rows
+
+
+def _typed_differences(rows: list[dict[str, Any] | None], types: list[typed.KitType]) -> list[str]:
+    """Where the typed rows read back (the first of each record ID) differ from the kit's
+    typed record of that ID; loss and repetition are counted by key already."""
+    first: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row is not None:
+            first.setdefault(str(row.get("key")), row)
+    if not types or not first:
+        return []
+    ids = sorted(int(key) for key in first)
+    return typed.differences(typed.typed_records(ids, types), [first[str(i)] for i in ids], types)
+
+
+def _ending(chunked: bool) -> JobStatus:
+    """How the kit's job ends: ``COMPLETED`` (available-now), ``SUSPENDED`` (processing time,
+    stopped once it caught up)."""
+    return JobStatus.SUSPENDED if chunked else JobStatus.COMPLETED
+
+
+def caught_up(
+    scenario: Scenario, ids: list[int], committed: list[tuple[str, str]], groups: int
+) -> bool:
+    """Whether the sink shows every record of ``ids`` (the aggregate pipeline: every group's
+    count and sum at least theirs)."""
+    if scenario.pipeline == "aggregate":
+        final = dict(committed)
+        for group in range(groups):
+            members = [i for i in ids if i % groups == group]
+            count, _, total = final.get(str(group), "0:0").partition(":")
+            if int(count) < len(members) or int(total or 0) < sum(members):
+                return False
+        return True
+    return set(ids) <= {int(key) for key, _ in committed}
+
+
+def _in_chunks(
+    job: Job,
+    scenario: Scenario,
+    ids: list[int],
+    produce: Callable[[list[int]], None],
+    shown: Callable[[], bool],
+    per_batch: int,
+    most: int,
+) -> JobRecord:
+    """Run a processing-time job to its end (see the module doc): after the first chunk
+    (produced before the start), give the source ``per_batch`` more records (appended to
+    ``ids``) each time ``shown()`` says the sink holds every one so far, until every fault
+    of ``scenario`` fired and the planned records arrived (``len(ids)`` at the start is one
+    chunk; ``most`` records at most); then suspend it and return its record. A job that
+    ends by itself (it failed) returns at once; one that does not catch up within
+    :data:`CHUNKED_DEADLINE` is suspended with that said in its failure."""
+    plan = FaultPlan.parse(scenario.plan, job.jobdir.layout.faults)
+    planned = most // MORE_CHUNKS
+    deadline = time.monotonic() + CHUNKED_DEADLINE
+    while True:
+        while not shown():
+            if not job.supervising():
+                return job.join(0)
+            if time.monotonic() > deadline:
+                job.suspend()
+                record = job.join(120)
+                record.failure = (
+                    f"{record.failure or ''}\nthe sink did not show the {len(ids)} records "
+                    f"given within {CHUNKED_DEADLINE:.0f} s (faults fired: {plan.fired()})"
+                ).strip()
+                return record
+            time.sleep(0.2)
+        every_fault = len(plan.fired()) == len(scenario.faults)
+        if (every_fault and len(ids) >= planned) or len(ids) >= most:
+            break
+        chunk = list(range(len(ids), len(ids) + per_batch))
+        produce(chunk)
+        ids += chunk
+    job.suspend()
+    return job.join(120)
 
 
 def wrong_values(committed: list[tuple[str, str]]) -> dict[int, str]:

@@ -24,10 +24,14 @@ from epochal.parts.spark_plan.jvm import Jvm, UnreadablePlanError, private_field
 from epochal_sdk import ConfigError
 
 
-def read_query(writer: Any) -> QueryPlan:
+def read_query(
+    writer: Any, foreach_batch_sink: tuple[str, Mapping[str, str]] | None = None
+) -> QueryPlan:
     """Every part of the query that ``writer`` (a PySpark classic ``DataStreamWriter``, not
     started) would start: its streaming sources, the static relations joined to them, and its
-    sink.
+    sink. ``foreach_batch_sink``: the connector and options of the epochal ``foreachBatch``
+    writer the query's ``foreachBatch`` function is (:func:`epochal.spark.foreach_batch.
+    writers_made`): the sink is then that connector's, epochal's own part.
 
     Raises:
         UnreadablePlanError: ``writer`` is not a classic ``DataStreamWriter`` (a Spark Connect
@@ -56,7 +60,11 @@ def read_query(writer: Any) -> QueryPlan:
         )
         static = tuple(static_part(leaf) for leaf, _ in leaves if not leaf.isStreaming())
         options = scala_map(private_field(jwrite, "extraOptions"))
-        sink = sink_part(str(private_field(jwrite, "source")), options, jvm)
+        fmt = str(private_field(jwrite, "source"))
+        if foreach_batch_sink is not None and fmt.lower() == "foreachbatch":
+            connector, writer_options = foreach_batch_sink
+            fmt, options = f"{EPOCHAL_FORMAT_PREFIX}{connector}", dict(writer_options)
+        sink = sink_part(fmt, options, jvm)
     except (ConfigError, UnreadablePlanError):
         raise
     except Exception as exc:  # py4j: a class or field that is not Spark 4.3's

@@ -21,6 +21,7 @@ of :mod:`epochal.testing.suite` catch it.
 from __future__ import annotations
 
 from epochal.testing.contract_checks.acknowledging import (
+    check_ack_close_unacknowledged,
     check_ack_crash_before_ack,
     check_ack_crash_before_store,
     check_ack_settles_those,
@@ -84,6 +85,13 @@ CHECKS: tuple[ContractCheck, ...] = (
         "a process acknowledges half of what it received (twice) and dies: only the other "
         "half comes back, with the same IDs; acknowledging the rest settles the source",
         check_ack_settles_those,
+    ),
+    ContractCheck(
+        "ack-close-unacknowledged",
+        "acknowledging",
+        "a source receives a few messages, acknowledges none and is closed (a graceful stop): "
+        "a new source gets every message again, with the same IDs",
+        check_ack_close_unacknowledged,
     ),
     ContractCheck(
         "2pc-retried-task",

@@ -342,6 +342,61 @@ def check_ack_settles_those(subject: Subject) -> None:
     run.settled()
 
 
+def check_ack_close_unacknowledged(subject: Subject) -> None:
+    """A source receives a few of the messages, acknowledges none, and is closed (as a
+    graceful stop or a restart of its query closes it): a new source gets every message
+    again, with the same IDs; closing settled none of them."""
+    check = "ack-close-unacknowledged"
+    run = AckRun(subject, check)
+    produced = run.produce(range(20))
+    source = _open(run.part, 1, 100)
+    try:
+        columns = source.columns()
+        received: dict[int, str] = {}
+        deadline = time.monotonic() + DEADLINE
+        while len(received) < 5 and _until(deadline):
+            messages = source.receive(5 - len(received), RECEIVE_TIMEOUT)
+            ids = run.ids_of([_message_row(m, columns) for m in messages])
+            received.update(zip(ids, (m.id for m in messages), strict=True))
+    finally:
+        source.close()
+    markers = run.produce(range(20, 25))
+    source = _open(run.part, 2, 100)
+    try:
+        columns = source.columns()
+        again: dict[int, str] = {}
+
+        def receive_ids() -> list[int]:
+            messages = source.receive(10, RECEIVE_TIMEOUT)
+            ids = run.ids_of([_message_row(m, columns) for m in messages])
+            again.update(zip(ids, (m.id for m in messages), strict=True))
+            return ids
+
+        receive_after_death(receive_ids, produced, markers)
+        lost = produced - set(again)
+        if lost:
+            handed = lost & set(received)
+            raise _violation(
+                check,
+                f"{len(lost)} messages never came back to a new source after the first was "
+                f"closed without acknowledging any (IDs {_first(lost)}; {len(handed)} of them "
+                "handed over by receive(), the rest held back by the source): close() settled "
+                "them (acknowledged in close(), or an auto-acknowledge session closed): a "
+                "graceful stop or a restart of the query loses them",
+            )
+        changed = [i for i in received if again[i] != received[i]]
+        if changed and run.exactly_once:
+            raise _violation(
+                check,
+                f"{len(changed)} messages came back with another ID (records "
+                f"{_first(changed)}): a message's ID must be the same on every delivery",
+            )
+        source.acknowledge(list(again.values()))
+    finally:
+        source.close()
+    run.settled()
+
+
 def _settles_on_receipt(run: AckRun, receive_ids: Callable[[], list[int]]) -> bool:
     """Whether the source settles messages that are received and never acknowledged: a
     process receives new records without acknowledging any and dies; ``receive_ids`` (a

@@ -9,7 +9,9 @@ timestamps at microseconds, in the session time zone :data:`SESSION_TIME_ZONE` (
 +05:45, so a sink that drops the zone or takes the machine's shifts them); a date and a
 timestamp without zone before 1970; bytes that are NUL, 0xff, a newline and a backslash;
 an array holding an empty string and a null, a map, a struct with a null field. Every record
-whose ID ends in 4 or 9 has a null in every column but its key.
+whose ID ends in 4 or 9 has a null in every column but its key. Values that grow with the ID
+repeat after a while (a double's exponent every 100 IDs, a date every 1 000), so records of
+any ID stay within their types' range.
 """
 
 from __future__ import annotations
@@ -61,7 +63,12 @@ def _string(i: int) -> str:
 KIT_TYPES: tuple[KitType, ...] = (
     KitType("string", "string", pa.string(), _string),
     KitType("bigint", "bigint", pa.int64(), lambda i: (-1) ** i * (2**62 + i)),
-    KitType("double", "double", pa.float64(), lambda i: (-1) ** i * (i + 1 / 3) * 10.0 ** (3 * i)),
+    KitType(
+        "double",
+        "double",
+        pa.float64(),
+        lambda i: (-1) ** i * (i + 1 / 3) * 10.0 ** (3 * (i % 100)),
+    ),
     KitType(
         "decimal",
         "decimal(20,4)",
@@ -74,17 +81,22 @@ KIT_TYPES: tuple[KitType, ...] = (
         pa.timestamp("us", tz=SESSION_TIME_ZONE),
         lambda i: (
             dt.datetime(2026, 3, 29, 1, 30, tzinfo=_UTC)
-            + dt.timedelta(hours=7 * i, microseconds=i + 1)
+            + dt.timedelta(hours=7 * (i % 10_000), microseconds=i % 10_000 + 1)
         ),
     ),
     KitType(
         "timestamp_ntz",
         "timestamp_ntz",
         pa.timestamp("us"),
-        lambda i: dt.datetime(1969, 12, 31, 23, 59, 59, 999999) + dt.timedelta(days=31 * i),
+        lambda i: (
+            dt.datetime(1969, 12, 31, 23, 59, 59, 999999) + dt.timedelta(days=31 * (i % 10_000))
+        ),
     ),
     KitType(
-        "date", "date", pa.date32(), lambda i: dt.date(1969, 12, 31) + dt.timedelta(days=400 * i)
+        "date",
+        "date",
+        pa.date32(),
+        lambda i: dt.date(1969, 12, 31) + dt.timedelta(days=400 * (i % 1_000)),
     ),
     KitType("boolean", "boolean", pa.bool_(), lambda i: i % 2 == 0),
     KitType("binary", "binary", pa.binary(), lambda i: bytes([i % 256, 0, 255, 10, 92])),
@@ -198,3 +210,21 @@ def differences(
                 )
     out += [f"record {key} was never written" for key in seen]
     return out
+
+
+def with_typed_columns(rows: Any, names: Sequence[str]) -> Any:
+    """The kit's typed record of each row of the Spark frame ``rows`` (by its ``key``, the
+    record ID): ``key`` and the column of each kit type in ``names``, made from the record ID
+    by a Python task (``mapInArrow``) and handed back to Spark in Arrow, so the values reach
+    the sink through Spark's own conversions (its session time zone, decimal precision,
+    nested types). The kit's copy pipeline applies it (the spec's ``transform``)."""
+    types = kit_types(names)
+    schema = typed_arrow(types)
+
+    def typed(batches: Any) -> Any:
+        for batch in batches:
+            ids = [int(k) for k in batch.column("key").to_pylist()]
+            yield pa.RecordBatch.from_pylist(typed_records(ids, types), schema=schema)
+
+    ddl = ", ".join(["key string", *(f"{t.column} {t.spark_type}" for t in types)])
+    return rows.mapInArrow(typed, ddl)
