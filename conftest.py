@@ -67,10 +67,27 @@ FULL_LANE_ONLY: dict[str, str] = {
     "integration/test_benchmarks.py::test_flink_bench": NO_SMOKE,
     "integration/test_benchmarks.py::test_jms_bench": "the JMS connector's kit cases",
     "integration/test_benchmarks.py::test_kafka_jdbc_bench": NO_SMOKE,
+    "integration/kafka/test_foreach_batch.py::test_kafka_source_into_the_kafka_sink[*]": (
+        "the kit's suite of the foreachBatch writers (every kill kind, on 4.3 and 3.5) and the "
+        "Kafka sink's own kit cases"
+    ),
+    "integration/kafka/test_foreach_batch.py::test_kafka_source_into_the_jdbc_2pc_sink": (
+        "the kit's suite of the foreachBatch writers (every kill kind, on 4.3 and 3.5) and the "
+        "JDBC sink's own kit cases"
+    ),
     "integration/kafka/test_foreach_batch.py::"
-    "test_kafka_source_into_the_kafka_sink[read-in-order]": "the 2PC case into the JDBC sink",
+    "test_the_jdbc_case_catches_a_writer_that_writes_a_replayed_batch_again": (
+        "the same broken writer caught by the kit's foreachBatch suite "
+        "(tests/conformance/test_foreach_batch_conformance.py)"
+    ),
+    "tests/conformance/test_foreach_batch_conformance.py::TestMapSinkThroughForeachBatch::"
+    "test_crash_and_recover[session-failures-*]": (
+        "the same case on pyspark 3.5 (tests/releases: the kit's foreachBatch suite on 3.5)"
+    ),
     "integration/kafka/test_foreach_batch.py::"
-    "test_update_mode_aggregation_into_the_jdbc_upsert_sink": "the 2PC case into the JDBC sink",
+    "test_update_mode_aggregation_into_the_jdbc_upsert_sink": (
+        "the kit's foreachBatch suite in idempotent mode and the JDBC sink's own upsert cases"
+    ),
     "integration/test_smoke_spark_cluster.py::test_job_survives_a_killed_worker": (
         "integration/cluster: exactly-once through a lost worker and a killed driver"
     ),

@@ -88,6 +88,8 @@ class JdbcSinkUnderTest(SinkUnderTest):
         order = "key" if mode == "idempotent" else "xmin::text::bigint, ctid"
         columns = sql.SQL(", ").join(sql.Identifier(f.name) for f in schema)
         with _connect(self.dsn) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (self.table,)).fetchone()[0] is None:
+                return []  # nothing written yet: the sink creates the table at its first batch
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {} ORDER BY " + order).format(
                     columns, sql.Identifier(self.table)

@@ -59,6 +59,9 @@ CHUNKED_DEADLINE = 600.0
 """Seconds a processing-time run may take to show every record it was given."""
 FINISHING_KINDS = (*RESTARTER_KINDS, "zombie-upsert")
 """Scenarios that end with a run that finishes its input (available-now)."""
+SETTLE_DEADLINE = 120.0
+"""Seconds a processing-time run of an acknowledging source, resumed after its graceful stop,
+may take to acknowledge its last batch (see :func:`_in_chunks`)."""
 MORE_CHUNKS = 3
 """A processing-time run gets at most this many times its planned records while it waits
 for its faults to fire (then the check says which did not)."""
@@ -114,9 +117,13 @@ def run_case(
     groups: int = 10,
     pool: DriverPool | None = None,
     replayable: bool = True,
+    writer: str = "",
 ) -> Outcome:
     """Run one scenario and count what the sink shows, by record ID. The processes it starts
-    keep their temporary files in :func:`scenario_temp_dir` (see :func:`with_temp_dir`)."""
+    keep their temporary files in :func:`scenario_temp_dir` (see :func:`with_temp_dir`).
+    ``writer``: for a scenario through the sink's ``foreachBatch`` writer, the factory to
+    build it with (``module:attribute``, the signature of :func:`epochal.foreach_batch`)
+    instead of epochal's: a broken writer the kit is measured with."""
     batches = len(scenario.faults) + 3
     if scenario.kind in RESTARTER_KINDS:
         batches += 20  # room for the take-overs and the random kills (~5-10 batches)
@@ -140,6 +147,7 @@ def run_case(
         "groups": groups,
         "route_by_key": source.route_by_key,
         "sink_path": scenario.sink_path,
+        "writer": writer,
     }
     typed_types = _typed(scenario, sink)
     if typed_types:
@@ -205,9 +213,10 @@ def run_case(
                 scenario,
                 ids,
                 source.produce,
-                lambda: caught_up(scenario, ids, [kv for kv, _ in read()], groups),
+                _shown(scenario, ids, jobdir, read, groups),
                 per_batch,
                 MORE_CHUNKS * planned,
+                settled=None if replayable else lambda: not source.unsettled(),
             )
         else:
             record = job.join(timeout=600)
@@ -302,6 +311,23 @@ def _ending(chunked: bool) -> JobStatus:
     return JobStatus.SUSPENDED if chunked else JobStatus.COMPLETED
 
 
+def _shown(
+    scenario: Scenario,
+    ids: list[int],
+    jobdir: JobDirectory,
+    read: Callable[[], list[tuple[tuple[str, str], dict[str, Any] | None]]],
+    groups: int,
+) -> Callable[[], bool]:
+    """Whether the sink shows every record of ``ids`` so far, asked as often as a
+    processing-time run polls it: the copy pipeline by the sink's committed-records counter
+    (the check at the end reads the sink itself; reading it at every poll would cost a
+    broker's browse each time, and a queue redelivers a browsed message only so often), the
+    aggregate pipeline by reading the sink (:func:`caught_up`)."""
+    if scenario.pipeline == "copy":
+        return lambda: (committed_metric(jobdir) or 0) >= len(ids)
+    return lambda: caught_up(scenario, ids, [kv for kv, _ in read()], groups)
+
+
 def caught_up(
     scenario: Scenario, ids: list[int], committed: list[tuple[str, str]], groups: int
 ) -> bool:
@@ -326,6 +352,7 @@ def _in_chunks(
     shown: Callable[[], bool],
     per_batch: int,
     most: int,
+    settled: Callable[[], bool] | None = None,
 ) -> JobRecord:
     """Run a processing-time job to its end (see the module doc): after the first chunk
     (produced before the start), give the source ``per_batch`` more records (appended to
@@ -333,7 +360,13 @@ def _in_chunks(
     of ``scenario`` fired and the planned records arrived (``len(ids)`` at the start is one
     chunk; ``most`` records at most); then suspend it and return its record. A job that
     ends by itself (it failed) returns at once; one that does not catch up within
-    :data:`CHUNKED_DEADLINE` is suspended with that said in its failure."""
+    :data:`CHUNKED_DEADLINE` is suspended with that said in its failure.
+
+    ``settled`` (an acknowledging source: nothing left unacknowledged): Spark commits a
+    source's last batch only when it plans the next one or the query starts again, so a job
+    stopped after its last batch holds that batch's messages unacknowledged (stored in its
+    snapshot). Once suspended, the job is resumed until ``settled()`` (the restarted query
+    commits its last batch to the source), then suspended again."""
     plan = FaultPlan.parse(scenario.plan, job.jobdir.layout.faults)
     planned = most // MORE_CHUNKS
     deadline = time.monotonic() + CHUNKED_DEADLINE
@@ -357,6 +390,15 @@ def _in_chunks(
         produce(chunk)
         ids += chunk
     job.suspend()
+    record = job.join(120)
+    if settled is None or record.status != JobStatus.SUSPENDED or settled():
+        return record
+    job.resume()
+    deadline = time.monotonic() + SETTLE_DEADLINE
+    while not settled() and job.supervising() and time.monotonic() < deadline:
+        time.sleep(1.0)  # a broker's look at its queue is a browse: not too often
+    if job.supervising():
+        job.suspend()
     return job.join(120)
 
 

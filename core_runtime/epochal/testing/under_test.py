@@ -122,7 +122,8 @@ class SinkUnderTest(ABC):
         ``timestamp``, none for ``timestamp_ntz``), ``date``, ``bool``, ``bytes``, ``list``,
         ``dict`` (a struct, or a map), None for a null. Read them as the system keeps them and
         convert only what its representation demands (a JSON text parsed, a decimal string
-        made a ``Decimal``): the check compares what you return with what was written.
+        made a ``Decimal``): the check compares what you return with what was written. Return
+        an empty list when nothing was written yet (the kit may ask before the first batch).
 
         Args:
             mode: the sink mode written in.
