@@ -4,14 +4,15 @@ SparkSession, without ``epochal.register(spark)``.
 PySpark's lookup (``pyspark.sql.worker.lookup_data_sources``, run in a Python worker the
 first time a session uses a Python data source) imports every top-level ``pyspark_*``
 module and registers its ``DefaultSource``. The first two tests run that very code without
-a JVM; the last one runs a streaming query in a new Python process that never imports
-epochal.
+a JVM; the last one runs a streaming query in a new Python process whose driver never
+imports epochal's runtime.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,10 @@ def test_without_the_runtime_the_lookup_skips_the_formats_and_says_why() -> None
 @pytest.mark.spark
 def test_a_plain_session_runs_epochal_formats_without_register(tmp_path: Path) -> None:
     """A new Python process builds a SparkSession and runs map → map, exactly-once, with
-    ``format("epochal.map")`` only: it never imports epochal (Spark's Python workers do)."""
+    ``format("epochal.map")`` only: Spark finds the formats, and with the session check's
+    attachment off (``EPOCHAL_ATTACH=0``) the driver never imports epochal's runtime (Spark's
+    Python workers do). With it on, a plain session is a full job: tests/releases runs the
+    kit's plain-session case without ``register``."""
     from epochal_map import MapStore
 
     journal = tmp_path / "journal.sqlite"
@@ -116,11 +120,15 @@ def test_a_plain_session_runs_epochal_formats_without_register(tmp_path: Path) -
         query.awaitTermination(240)
         assert query.exception() is None, query.exception()
         spark.stop()
-        print("epochal imported by the driver:", "epochal" in sys.modules)
+        print("epochal imported by the driver:", "epochal.spark.datasource" in sys.modules)
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "EPOCHAL_ATTACH": "0"},  # the formats alone (see epochal.spark.attach)
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "epochal imported by the driver: False" in result.stdout, result.stdout

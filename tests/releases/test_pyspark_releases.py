@@ -108,6 +108,7 @@ KIT_CASES = {
     "4.1.4": ("points-transactional", "aggregate-transactional", "session-failures-transactional"),
     "4.2.1": ("points-transactional",),
 }
+# and on 4.2, the plain-session case without epochal.register (_plain_session_without_register)
 """The map suite's cases each release runs (exactly-once): every crash point of the
 replayable source and the transactional sink, killed in place and (at the end of a batch)
 whole; on 4.0 and 4.1, which run them at a processing-time trigger, the running aggregation
@@ -148,6 +149,8 @@ def test_the_kits_crash_cases_run_on_each_release(
         assert f"(this is {pyspark_release})" in out, out[-6000:]
     else:
         assert " skipped" not in cases.stdout, out[-6000:]
+    if release >= ADMISSION_CONTROL_SINCE:
+        _plain_session_without_register(python, suite)
     # the coverage table: every crash point of the map suite's cases killed and passed
     for point in (
         "source.after_plan",
@@ -157,6 +160,31 @@ def test_the_kits_crash_cases_run_on_each_release(
         assert any(point in line and "passed" in line for line in out.splitlines()), point
     where = run([python, "-c", "import epochal; print(epochal.__file__)"], tmp_path, 60)
     assert where.stdout.startswith(str(venv)), f"epochal came from {where.stdout}, not the wheels"
+
+
+ATTACHES = (
+    "import pyspark.sql.streaming.readwriter as r; "
+    "print(getattr(r.DataStreamWriter, '_epochal_attaches', False))"
+)
+
+
+def _plain_session_without_register(python: str, suite: Path) -> None:
+    """In an environment with epochal's wheel, a plain session is a full job without
+    ``epochal.register``: the wheel's ``epochal-attach.pth`` makes PySpark's query starts
+    attach the session check (``EPOCHAL_ATTACH=0`` turns it off), and the map suite's
+    plain-session case, its application calling no ``register``, passes whole: the zombie
+    driver stopped by its query fence, a new run at each start, and the job ``COMPLETED`` at
+    the last batch of Spark's commit log when the application ends right after
+    ``awaitTermination()``."""
+    on = run([python, "-c", ATTACHES], suite, 60)
+    off = run([python, "-c", ATTACHES], suite, 60, {"EPOCHAL_ATTACH": "0"})
+    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False"), on.stderr + off.stderr
+    kit = ["-p", "no:cacheprovider", "-k", "session-failures-transactional-exactly-once"]
+    plain = run(
+        [python, "-m", "pytest", *kit, MAP_SUITE.name], suite, 600, {"EPOCHAL_KIT_REGISTER": "0"}
+    )
+    out = plain.stdout + plain.stderr
+    assert plain.returncode == 0 and " 1 passed" in plain.stdout, out[-6000:]
 
 
 CONNECTOR_SUITES = (

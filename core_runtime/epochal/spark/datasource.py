@@ -309,6 +309,13 @@ def register(spark: SparkSession, names: list[str] | None = None) -> list[str]:
     return [FORMAT_PREFIX + n for n in chosen]
 
 
+def attach(spark: SparkSession) -> None:
+    """Add the session check to ``spark`` as :func:`register` does, without registering any
+    format (Spark finds them by itself): what :mod:`epochal.spark.attach` calls when a plain
+    session starts its first streaming query."""
+    _check_queries_of(spark)
+
+
 def _check_queries_of(spark: SparkSession) -> None:
     """Add the session check (:class:`_SessionCheck`) to ``spark``, once. Not in a driver of
     ``epochal run``, which judges its query before it starts it, nor in a Spark Connect
@@ -316,11 +323,31 @@ def _check_queries_of(spark: SparkSession) -> None:
     supervised = os.environ.get(RUN_TOKEN_ENV) and os.environ.get(RUN_DIR_ENV)
     if supervised or getattr(spark, "_jvm", None) is None:
         return
-    if getattr(spark, _SESSION_CHECK, None) is None:
-        listener = _SessionCheck(spark)
-        spark.streams.addListener(listener)
-        setattr(spark, _SESSION_CHECK, listener)
-        atexit.register(listener.drain, DRAIN_SECONDS)
+    if getattr(spark, _SESSION_CHECK, None) is not None:
+        return
+    session = _jvm_session_id(spark)  # two Python objects of one JVM session: one check
+    if session is not None and session in _CHECKED_SESSIONS:
+        setattr(spark, _SESSION_CHECK, _CHECKED_SESSIONS[session])
+        return
+    listener = _SessionCheck(spark)
+    spark.streams.addListener(listener)
+    setattr(spark, _SESSION_CHECK, listener)
+    if session is not None:
+        _CHECKED_SESSIONS[session] = listener
+    atexit.register(listener.drain, DRAIN_SECONDS)
+
+
+_CHECKED_SESSIONS: dict[int, Any] = {}
+"""The session check of each JVM session of this driver that has one (by its identity)."""
+
+
+def _jvm_session_id(spark: SparkSession) -> int | None:
+    """The identity of ``spark``'s JVM session (None when it cannot be had)."""
+    try:
+        system = spark.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
+        return int(system.identityHashCode(spark._jsparkSession))
+    except Exception:
+        return None
 
 
 DRAIN_SECONDS = 30.0

@@ -48,6 +48,10 @@ from epochal.testing.scenarios import (
 from epochal.testing.session_failures import SessionFailures
 from epochal.testing.under_test import SinkUnderTest, SourceUnderTest
 
+KIT_REGISTER_ENV = "EPOCHAL_KIT_REGISTER"
+"""``0``: the plain-session application of ``session-failures`` does not call
+``epochal.register`` (Spark finds the formats; the session check attaches itself from
+epochal's installed wheel: :mod:`epochal.spark.attach`)."""
 KIT_TRIGGER_ENV = "EPOCHAL_KIT_TRIGGER"
 """Forces the kit's trigger (``available-now`` or ``processing-time``) whatever the installed
 pyspark has: a suite run on pyspark 4.2+ can take the path of the older releases."""
@@ -148,6 +152,7 @@ def run_case(
         "route_by_key": source.route_by_key,
         "sink_path": scenario.sink_path,
         "writer": writer,
+        "register": os.environ.get(KIT_REGISTER_ENV, "1").strip() != "0",
     }
     typed_types = _typed(scenario, sink)
     if typed_types:

@@ -5,6 +5,10 @@ the options of its source and sink, the Spark checkpoint where the user chose it
 the query failed: an outside restarter (the kit, standing for YARN or a restart policy)
 starts it again until it succeeds.
 
+It calls ``epochal.register(spark)`` unless the spec says ``"register": false``: then Spark
+finds epochal's formats by itself and the session check attaches itself at the query's start
+(:mod:`epochal.spark.attach`, from epochal's installed wheel).
+
 ``python -m epochal.testing.session_app CHECKPOINT [STOP_FILE]`` with the kit's spec in
 ``EPOCHAL_CONFORMANCE_SPEC`` (see :mod:`epochal.pipelines`): once ``STOP_FILE`` exists, the
 application stops its query and its session (``query.stop()`` and ``spark.stop()``, as a
@@ -36,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     from epochal.testing.scenarios import TEST_SPARK_CONF
 
     spark = spark_session(SessionProfile(MASTER, tuple(sorted(TEST_SPARK_CONF.items()))))
-    if uses_epochal_data_sources(spec):
+    if uses_epochal_data_sources(spec) and spec.get("register", True):
         from epochal.spark.datasource import register
 
-        register(spark)
+        register(spark)  # else Spark finds the formats and the session check attaches itself
     writer = getattr(pipelines, spec.get("pipeline", "copy"))(spark)
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     stop_file = args[1] if len(args) > 1 else ""
