@@ -228,3 +228,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> No
     for unit in ordered:
         for item in units[unit]:
             item.add_marker(pytest.mark.xdist_group(unit))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say how the integration servers run: in containers or as local processes."""
+    from integration.harness._process import PrerequisiteError
+    from integration.harness.containers import USE_ENV, docker_available
+
+    try:
+        containers = docker_available()
+    except PrerequisiteError as exc:
+        return f"integration servers: {exc}"
+    if containers:
+        return "integration servers: containers (Docker engine + testcontainers)"
+    return f"integration servers: local processes (no Docker engine, or {USE_ENV}=0)"

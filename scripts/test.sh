@@ -23,7 +23,40 @@ summary() {
   echo "=== time per phase"
   for line in "${PHASES[@]}"; do echo "  $line"; done
 }
-trap summary EXIT
+ENGINE_PID=""
+finish() {
+  summary
+  if [ -n "$ENGINE_PID" ]; then
+    kill "$ENGINE_PID" 2>/dev/null || true
+    wait "$ENGINE_PID" 2>/dev/null || true
+  fi
+}
+trap finish EXIT
+
+# A Docker engine for the integration servers' containers (integration.harness.containers):
+# the one DOCKER_HOST names or the default socket, else one started here (as root, where
+# Debian's docker.io is installed) and stopped when the run ends, its images and layers kept
+# in the harness cache. EPOCHAL_USE_CONTAINERS=0: none, the servers are local processes.
+container_engine() {
+  if [ "${EPOCHAL_USE_CONTAINERS:-}" = 0 ]; then echo "containers off (EPOCHAL_USE_CONTAINERS=0)"; return; fi
+  if docker info >/dev/null 2>&1; then echo "Docker engine at ${DOCKER_HOST:-the default socket}"; return; fi
+  if ! command -v dockerd >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ]; then
+    echo "no Docker engine here (apt-get install docker.io, as root): the servers run as local processes"
+    return
+  fi
+  local cache run
+  cache="$("$PYTHON" -c 'from integration.harness.cache import cache_dir; print(cache_dir())')"
+  run="$(mktemp -d /tmp/epochal-dockerd-XXXXXX)"
+  dockerd --data-root "$cache/docker" --exec-root "$run/exec" --pidfile "$run/dockerd.pid" \
+    -H "unix://$run/docker.sock" >"$run/dockerd.log" 2>&1 &
+  ENGINE_PID=$!
+  export DOCKER_HOST="unix://$run/docker.sock"
+  for _ in $(seq 1 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
+  if ! docker info >/dev/null 2>&1; then
+    echo "dockerd did not answer; its log:"; tail -20 "$run/dockerd.log"; exit 1
+  fi
+  echo "Docker engine $(docker info --format '{{.ServerVersion}}') started at $DOCKER_HOST"
+}
 
 phase "python packages" "$PYTHON" scripts/install.py
 # the interpreter that has the packages: $PYTHON, or .venv for an externally managed Python
@@ -32,6 +65,8 @@ export PYTHON
 phase "integration prerequisites" bash .ci/install-integration
 # faster driver starts (a JVM class-data archive; made once per machine, then kept)
 phase "driver class data" bash -c '"$0" -m epochal prepare || echo "(drivers start without it)"' "$PYTHON"
+phase "container engine" container_engine
+phase "container images" "$PYTHON" -m integration.harness images
 phase "lint (ruff)" "$PYTHON" -m ruff check .
 phase "type check (mypy)" "$PYTHON" -m mypy
 # Two workers (pytest-xdist): a unit of work is a module, or one crash test of the kit, handed

@@ -3,6 +3,8 @@
 ``python -m integration.harness prefetch``   fetch Kafka jars + Artemis into the cache
 ``python -m integration.harness check``      report which prerequisites are present
 ``python -m integration.harness serve kafka|postgres|jms``  run one server until Ctrl-C
+``python -m integration.harness images``     build the servers' container images (a Docker
+engine must answer; see integration.harness.images)
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _images(_args: argparse.Namespace) -> int:
+    from . import images
+    from .containers import docker_available
+
+    if not docker_available():
+        print("no Docker engine answers (or testcontainers is missing): no images to build")
+        return 0
+    started = time.monotonic()
+    for name, tag in images.ensure_all().items():
+        print(f"  {name}: {tag}")
+    print(f"images ready in {time.monotonic() - started:.1f}s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m integration.harness``."""
     parser = argparse.ArgumentParser(prog="python -m integration.harness")
@@ -89,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="run one server in the foreground until Ctrl-C")
     serve.add_argument("server", choices=["kafka", "postgres", "jms"])
     serve.set_defaults(func=_serve)
+    build = commands.add_parser("images", help="build the servers' container images")
+    build.set_defaults(func=_images)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -293,6 +293,11 @@ class ManagedProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=30)
 
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the server's process group (while it runs)."""
+        if self.running:
+            self._signal_group(sig)
+
     def _signal_group(self, sig: int) -> None:
         if self._popen is None:
             return

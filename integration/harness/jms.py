@@ -13,6 +13,7 @@ import os
 import queue
 import re
 import signal
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -157,13 +158,32 @@ def stomp_connect(
     return conn, collector
 
 
-def stomp_ready(host: str, port: int, user: str, password: str) -> dict[str, str]:
-    """One readiness probe: a STOMP CONNECT succeeds; returns the CONNECTED headers."""
-    conn, collector = stomp_connect(host, port, user, password)
+def stomp_ready(
+    host: str, port: int, user: str, password: str, timeout: float = 10.0
+) -> dict[str, str]:
+    """One readiness probe: a STOMP CONNECT succeeds within ``timeout`` seconds; returns the
+    CONNECTED headers. stomp.py waits for CONNECTED without a limit, and a frozen broker's
+    kernel still accepts the connection, so the probe runs in a thread it stops waiting for."""
+    answer: queue.Queue[dict[str, str] | BaseException] = queue.Queue(maxsize=1)
+
+    def probe() -> None:
+        try:
+            conn, collector = stomp_connect(host, port, user, password)
+            try:
+                answer.put(collector.connected_headers or {"server": "unknown"})
+            finally:
+                conn.disconnect()
+        except BaseException as exc:  # handed to the caller's thread
+            answer.put(exc)
+
+    threading.Thread(target=probe, name="stomp-ready-probe", daemon=True).start()
     try:
-        return collector.connected_headers or {"server": "unknown"}
-    finally:
-        conn.disconnect()
+        result = answer.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"no STOMP CONNECTED from {host}:{port} within {timeout:g} s") from None
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 class LocalArtemis(LocalBackend):

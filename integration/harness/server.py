@@ -9,6 +9,7 @@ testcontainers backend lives in :mod:`integration.harness.containers`.
 from __future__ import annotations
 
 import abc
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kill(self) -> None:
         """Kill the server abruptly (SIGKILL); its data on disk survives."""
+
+    def pause(self) -> None:
+        """Freeze the server (every process of it stopped where it is, connections open)."""
+        raise FaultControlUnsupportedError(f"{self.name}: no pause for this server")
+
+    def unpause(self) -> None:
+        """Let a frozen server go on where it was."""
+        raise FaultControlUnsupportedError(f"{self.name}: no pause for this server")
 
     @abc.abstractmethod
     def is_running(self) -> bool:
@@ -158,6 +167,16 @@ class LocalBackend(Backend):
         with self._lock:
             self.process.kill()
 
+    def pause(self) -> None:
+        """SIGSTOP the server's process group."""
+        with self._lock:
+            self.process.signal_group(signal.SIGSTOP)
+
+    def unpause(self) -> None:
+        """SIGCONT the server's process group."""
+        with self._lock:
+            self.process.signal_group(signal.SIGCONT)
+
     def is_running(self) -> bool:
         """Whether the server process is alive."""
         return self.process.running
@@ -210,6 +229,15 @@ class Server:
     def kill(self) -> None:
         """Kill the server with SIGKILL (``kill -9``); its data directory is kept."""
         self.backend.kill()
+
+    def pause(self) -> None:
+        """Freeze the server (a container's cgroup freezer, a local process's SIGSTOP): its
+        connections stay open and silent until :meth:`unpause`."""
+        self.backend.pause()
+
+    def unpause(self) -> None:
+        """Let the frozen server go on."""
+        self.backend.unpause()
 
     def restart(self, *, hard: bool = False) -> None:
         """Stop (or, with ``hard=True``, kill -9) and start again, awaiting readiness."""

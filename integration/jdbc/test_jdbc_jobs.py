@@ -63,6 +63,40 @@ def _count(db: PostgresDatabase) -> int:
         return int(conn.execute("SELECT count(*) FROM output").fetchone()[0])
 
 
+FROZEN_SECONDS = 20.0
+"""How long the frozen server stays frozen (the fault's length)."""
+
+
+def test_postgres_frozen_mid_run_loses_and_doubles_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_server: PostgresServer,
+    postgres_db: PostgresDatabase,
+) -> None:
+    """The server frozen while the job writes (its container paused, a local server
+    SIGSTOPped: every connection open and silent, transactions prepared or half-written in
+    it) for :data:`FROZEN_SECONDS`, then let go: the job finishes, nothing lost or doubled,
+    nothing left prepared."""
+    postgres_server.require_faults()
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(3000))
+    sink = JdbcSinkUnderTest(postgres_db.dsn)
+    _spec(monkeypatch, source, sink.options("transactional"))
+    job = Job.submit("pg-frozen", "epochal.pipelines:copy", _config(tmp_path))
+    _wait(lambda: _count(postgres_db) >= 200, 600, "the first batches to commit")
+    postgres_server.pause()
+    try:
+        time.sleep(FROZEN_SECONDS)  # the fault's length, not a wait for something
+    finally:
+        postgres_server.unpause()
+    record = job.join(900)
+    assert record.status == JobStatus.COMPLETED, record.failure
+    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
+    assert sorted(counts) == list(range(3000)), "lost records"
+    assert [k for k, n in counts.items() if n > 1] == [], "duplicated records"
+    assert sink.in_doubt() == []
+
+
 def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -66,14 +66,23 @@ def test_kafka_aggregate_kafka_exactly_once_across_a_driver_kill(
     assert kafka_sink.in_doubt() == []
 
 
+FROZEN_SECONDS = 20.0
+"""How long a frozen server stays frozen: longer than the clients' request time-outs, so the
+job's tasks see it silent, not slow."""
+
+
+@pytest.mark.parametrize("fault", ["restart", "freeze"])
 def test_copy_survives_a_broker_restart_mid_run(
+    fault: str,
     kafka_server: KafkaServer,
     kafka_source: KafkaSourceUnderTest,
     kafka_sink: KafkaSinkUnderTest,
     tmp_path: Any,
 ) -> None:
-    """Kafka → Kafka, exactly-once: the broker is stopped (cleanly) and started again while
-    the job runs; every record reaches the sink exactly once."""
+    """Kafka → Kafka, exactly-once: while the job runs, the broker is stopped (cleanly) and
+    started again, or frozen (its container paused, a local broker SIGSTOPped: connections
+    open and silent) for :data:`FROZEN_SECONDS`; every record reaches the sink exactly once and
+    no transaction is left open."""
     kafka_server.require_faults()
     ids = list(range(400))
     kafka_source.produce(ids)
@@ -97,8 +106,15 @@ def test_copy_survives_a_broker_restart_mid_run(
         assert time.monotonic() < deadline, "the job wrote nothing in time"
         assert job.status().status not in (JobStatus.FAILED, JobStatus.COMPLETED), job.status()
         time.sleep(0.5)
-    kafka_server.stop()
-    kafka_server.start()
+    if fault == "restart":
+        kafka_server.stop()
+        kafka_server.start()
+    else:
+        kafka_server.pause()
+        try:
+            time.sleep(FROZEN_SECONDS)  # the fault's length, not a wait for something
+        finally:
+            kafka_server.unpause()
     record = job.join(timeout=600)
     assert record.status == JobStatus.COMPLETED, record.failure
     seen = Counter(int(v) for _, v in kafka_sink.committed("transactional"))

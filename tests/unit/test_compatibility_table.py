@@ -15,19 +15,11 @@ import pyspark
 import pytest
 
 from integration.bench.kafka_bench import SPARK_KAFKA_VERSION
+from integration.harness import images
 from integration.harness.cache import ARTEMIS_VERSION, KAFKA_VERSION, pyspark_hadoop_version
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "compatibility.md"
-
-
-def postgres_image() -> str:
-    """The harness's PostgreSQL container image, as pinned (not as an environment
-    variable may override it)."""
-    source = (ROOT / "integration" / "harness" / "containers.py").read_text()
-    found = re.search(r'POSTGRES_IMAGE = os\.environ\.get\("\w+", "([^"]+)"\)', source)
-    assert found, "the harness pins no PostgreSQL image"
-    return found.group(1)
 
 
 def row(component: str) -> str:
@@ -76,9 +68,8 @@ def test_server_rows_name_the_versions_the_harness_runs() -> None:
     assert f"Kafka {KAFKA_VERSION}" in row("Kafka (brokers)")
     assert f"Artemis {ARTEMIS_VERSION}" in row("JMS brokers")
     assert f"{SPARK_KAFKA_VERSION} with pyspark" in row("Spark's Kafka connector")
-    image = postgres_image()
-    assert f"PostgreSQL {image.rsplit(':', 1)[1]}" in row("PostgreSQL")
-    assert f"`{image}`" in row("PostgreSQL")
+    assert f"PostgreSQL {images.POSTGRES_VERSION}" in row("PostgreSQL")
+    assert f"`postgresql-{images.POSTGRES_VERSION}`" in row("PostgreSQL")
     assert f"Hadoop {pyspark_hadoop_version()}" in row("Hadoop")
 
 
