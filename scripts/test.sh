@@ -24,11 +24,13 @@ summary() {
   for line in "${PHASES[@]}"; do echo "  $line"; done
 }
 ENGINE_PID=""
+ENGINE_RUN=""
 finish() {
   summary
   if [ -n "$ENGINE_PID" ]; then
     kill "$ENGINE_PID" 2>/dev/null || true
     wait "$ENGINE_PID" 2>/dev/null || true
+    rm -rf "$ENGINE_RUN" 2>/dev/null || true
   fi
 }
 trap finish EXIT
@@ -50,6 +52,7 @@ container_engine() {
   dockerd --data-root "$cache/docker" --exec-root "$run/exec" --pidfile "$run/dockerd.pid" \
     -H "unix://$run/docker.sock" >"$run/dockerd.log" 2>&1 &
   ENGINE_PID=$!
+  ENGINE_RUN="$run"
   export DOCKER_HOST="unix://$run/docker.sock"
   for _ in $(seq 1 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
   if ! docker info >/dev/null 2>&1; then
