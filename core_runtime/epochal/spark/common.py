@@ -16,6 +16,7 @@ from epochal.metrics import recording
 from epochal.parts import registry
 from epochal.parts.job_context import JobContext
 from epochal.parts.records import PartRecord, check_target
+from epochal.spark import worker_gc
 from epochal_sdk import ConnectorContext, Guarantee, Options, Schema
 from epochal_sdk.context import Metrics
 from epochal_sdk.errors import RESTARTABLE_MARK
@@ -41,6 +42,7 @@ class SparkTask:
         context = TaskContext.get()
         if context is None:
             return None
+        worker_gc.settle_imports()  # a task's Python worker: once per process
         batch = context.getLocalProperty("streaming.sql.batchId")
         return cls(
             batch=int(batch) if batch is not None else None,
