@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from epochal.base.processes import alive
+
 from . import images
 from ._process import (
     HarnessError,
@@ -105,21 +107,11 @@ def sweep() -> int:
     removed = 0
     for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
         owner = int(container.labels.get(OWNER_LABEL, "0") or 0)
-        if owner and not _alive(owner):
+        if owner and not alive(owner):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
                 removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ContainerBackend(Backend):

@@ -63,6 +63,23 @@ def _message_row(message: Any, columns: Sequence[str]) -> dict[str, Any]:
     return as_dicts([message.row], columns)[0]
 
 
+def _id_receiver(
+    run: AckRun, source: AcknowledgingSource
+) -> tuple[dict[int, str], Callable[[], list[int]]]:
+    """A ``receive_ids`` for :func:`receive_after_death` over ``source`` (up to 10 messages a
+    receive), and the dict in which it notes each record ID's message ID."""
+    columns = source.columns()
+    seen: dict[int, str] = {}
+
+    def receive_ids() -> list[int]:
+        messages = source.receive(10, RECEIVE_TIMEOUT)
+        ids = run.ids_of([_message_row(m, columns) for m in messages])
+        seen.update(zip(ids, (m.id for m in messages), strict=True))
+        return ids
+
+    return seen, receive_ids
+
+
 def _open(part: Part, run: int, capacity: int) -> AcknowledgingSource:
     source = part.build(part.context(run=run), "source")
     if not isinstance(source, AcknowledgingSource):
@@ -308,15 +325,7 @@ def check_ack_settles_those(subject: Subject) -> None:
     markers = run.produce(range(20, 25))
     source = _open(run.part, 2, 100)
     try:
-        columns = source.columns()
-        again: dict[int, str] = {}
-
-        def receive_ids() -> list[int]:
-            messages = source.receive(10, RECEIVE_TIMEOUT)
-            ids = run.ids_of([_message_row(m, columns) for m in messages])
-            again.update(zip(ids, (m.id for m in messages), strict=True))
-            return ids
-
+        again, receive_ids = _id_receiver(run, source)
         receive_after_death(receive_ids, kept, markers)
         back = acknowledged & set(again)
         if back:
@@ -363,15 +372,7 @@ def check_ack_close_unacknowledged(subject: Subject) -> None:
     markers = run.produce(range(20, 25))
     source = _open(run.part, 2, 100)
     try:
-        columns = source.columns()
-        again: dict[int, str] = {}
-
-        def receive_ids() -> list[int]:
-            messages = source.receive(10, RECEIVE_TIMEOUT)
-            ids = run.ids_of([_message_row(m, columns) for m in messages])
-            again.update(zip(ids, (m.id for m in messages), strict=True))
-            return ids
-
+        again, receive_ids = _id_receiver(run, source)
         receive_after_death(receive_ids, produced, markers)
         lost = produced - set(again)
         if lost:
