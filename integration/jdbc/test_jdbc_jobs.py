@@ -63,6 +63,27 @@ def _count(db: PostgresDatabase) -> int:
         return int(conn.execute("SELECT count(*) FROM output").fetchone()[0])
 
 
+def _copy_job_under_way(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db: PostgresDatabase
+) -> tuple[Job, JdbcSinkUnderTest]:
+    """A map → PostgreSQL exactly-once copy of 3 000 records, submitted and seen committing."""
+    source = MapSourceUnderTest(tmp_path / "source.sqlite")
+    source.produce(range(3000))
+    sink = JdbcSinkUnderTest(db.dsn)
+    _spec(monkeypatch, source, sink.options("transactional"))
+    job = Job.submit(name, "epochal.pipelines:copy", _config(tmp_path))
+    _wait(lambda: _count(db) >= 200, 600, "the first batches to commit")
+    return job, sink
+
+
+def _each_record_once(sink: JdbcSinkUnderTest) -> None:
+    """Every one of the 3 000 records committed once, nothing left prepared."""
+    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
+    assert sorted(counts) == list(range(3000)), "lost records"
+    assert [k for k, n in counts.items() if n > 1] == [], "duplicated records"
+    assert sink.in_doubt() == []
+
+
 FROZEN_SECONDS = 20.0
 """How long the frozen server stays frozen (the fault's length)."""
 
@@ -78,12 +99,7 @@ def test_postgres_frozen_mid_run_loses_and_doubles_nothing(
     it) for :data:`FROZEN_SECONDS`, then let go: the job finishes, nothing lost or doubled,
     nothing left prepared."""
     postgres_server.require_faults()
-    source = MapSourceUnderTest(tmp_path / "source.sqlite")
-    source.produce(range(3000))
-    sink = JdbcSinkUnderTest(postgres_db.dsn)
-    _spec(monkeypatch, source, sink.options("transactional"))
-    job = Job.submit("pg-frozen", "epochal.pipelines:copy", _config(tmp_path))
-    _wait(lambda: _count(postgres_db) >= 200, 600, "the first batches to commit")
+    job, sink = _copy_job_under_way("pg-frozen", tmp_path, monkeypatch, postgres_db)
     postgres_server.pause()
     try:
         time.sleep(FROZEN_SECONDS)  # the fault's length, not a wait for something
@@ -91,10 +107,7 @@ def test_postgres_frozen_mid_run_loses_and_doubles_nothing(
         postgres_server.unpause()
     record = job.join(900)
     assert record.status == JobStatus.COMPLETED, record.failure
-    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
-    assert sorted(counts) == list(range(3000)), "lost records"
-    assert [k for k, n in counts.items() if n > 1] == [], "duplicated records"
-    assert sink.in_doubt() == []
+    _each_record_once(sink)
 
 
 def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
@@ -104,12 +117,7 @@ def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
     postgres_db: PostgresDatabase,
 ) -> None:
     postgres_server.require_faults()
-    source = MapSourceUnderTest(tmp_path / "source.sqlite")
-    source.produce(range(3000))
-    sink = JdbcSinkUnderTest(postgres_db.dsn)
-    _spec(monkeypatch, source, sink.options("transactional"))
-    job = Job.submit("pg-restart", "epochal.pipelines:copy", _config(tmp_path))
-    _wait(lambda: _count(postgres_db) >= 200, 600, "the first batches to commit")
+    job, sink = _copy_job_under_way("pg-restart", tmp_path, monkeypatch, postgres_db)
     postgres_server.stop()
     try:
         # Two restarts: the run that lost the server, then a restart that met it still down
@@ -124,10 +132,7 @@ def test_postgres_stopped_mid_run_restarts_the_job_with_nothing_lost_or_doubled(
     record = job.join(900)
     assert record.status == JobStatus.COMPLETED, record.failure
     assert record.restarts >= 2, "the job never lost the server"
-    counts = Counter(int(key) for key, _ in sink.committed("transactional"))
-    assert sorted(counts) == list(range(3000)), "lost records"
-    assert [k for k, n in counts.items() if n > 1] == [], "duplicated records"
-    assert sink.in_doubt() == []
+    _each_record_once(sink)
 
 
 @pytest.fixture
