@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,11 @@ from epochal.base import processes
 from epochal.base.fault_plan import FaultPlan
 from epochal.pipelines import SPEC_ENV
 from epochal.spark import ordered_kafka
+from epochal.spark.common import Part
+from epochal.spark.foreach_batch import ForeachBatchWriter, run_tasks
 from epochal.state.layout import JobLayout
 from epochal.testing.scenarios import KIT_LEASE_TTL, with_temp_dir
+from epochal_sdk import Guarantee
 from integration.harness.kafka import KafkaServer
 from integration.kafka.spark_kafka import (
     SparkKafkaSourceUnderTest,
@@ -42,7 +46,6 @@ from integration.kafka.spark_kafka import (
     kafka_source_spec,
     spark_kafka_source,
 )
-from tests.conformance.foreach_batch_mutants import WRITER_PATH
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -244,10 +247,25 @@ def test_update_mode_aggregation_into_the_jdbc_upsert_sink(
     assert table == recount
 
 
-# -- the mutant (tests.conformance.foreach_batch_mutants) ------------------------------------
+# -- the mutant -------------------------------------------------------------------------------
+class RewritingWriter(ForeachBatchWriter):
+    """A writer that writes a replayed batch again instead of completing its decision: each
+    task commits its own transaction, as a plain ``foreachBatch`` function does."""
+
+    def _complete_replay(self, part: Part, frame: Any, batch: int) -> None:
+        run_tasks(replace(part, guarantee=Guarantee.AT_LEAST_ONCE), frame, batch, "transactional")
+
+
+def rewriting_writer(connector: str, options: dict[str, str]) -> RewritingWriter:
+    """:class:`RewritingWriter`, built as :func:`epochal.foreach_batch` builds the writer."""
+    return RewritingWriter(connector, options)
+
+
 def test_the_jdbc_case_catches_a_writer_that_writes_a_replayed_batch_again(
     tmp_path: Path, source: SparkKafkaSourceUnderTest, epochal_jdbc_sink: JdbcSinkUnderTest
 ) -> None:
-    lost, duplicated, _ = jdbc_case(tmp_path, source, epochal_jdbc_sink, WRITER_PATH)
+    lost, duplicated, _ = jdbc_case(
+        tmp_path, source, epochal_jdbc_sink, f"{__name__}:rewriting_writer"
+    )
     assert duplicated > 0, "the mutant writes replayed batches again: the case must see it"
     assert lost == 0

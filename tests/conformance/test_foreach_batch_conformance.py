@@ -17,12 +17,16 @@ of completing its decision (each task committing its own transaction, as a plain
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from epochal.base.fault_plan import Fault
 from epochal.control.launcher import DriverPool
+from epochal.spark.common import Part
+from epochal.spark.foreach_batch import ForeachBatchWriter, run_tasks
 from epochal.testing import ConformanceSuite
 from epochal.testing.runner import run_case
 from epochal.testing.scenarios import FOREACH_BATCH, Scenario
@@ -30,7 +34,6 @@ from epochal.testing.suite import scenario_problem
 from epochal.testing.text_files import TextFilesSourceUnderTest
 from epochal_map.testing import MapSinkUnderTest
 from epochal_sdk import Guarantee
-from tests.conformance.foreach_batch_mutants import WRITER_PATH
 
 
 class TestMapSinkThroughForeachBatch(ConformanceSuite):
@@ -55,6 +58,19 @@ class TestMapSinkThroughForeachBatch(ConformanceSuite):
         return epochal_map_sink
 
 
+class RewritingWriter(ForeachBatchWriter):
+    """A writer that writes a replayed batch again instead of completing its decision: each
+    task commits its own transaction, as a plain ``foreachBatch`` function does."""
+
+    def _complete_replay(self, part: Part, frame: Any, batch: int) -> None:
+        run_tasks(replace(part, guarantee=Guarantee.AT_LEAST_ONCE), frame, batch, "transactional")
+
+
+def rewriting_writer(connector: str, options: dict[str, str]) -> RewritingWriter:
+    """:class:`RewritingWriter`, built as :func:`epochal.foreach_batch` builds the writer."""
+    return RewritingWriter(connector, options)
+
+
 @pytest.mark.spark
 def test_the_kit_catches_a_writer_that_writes_a_replayed_batch_again(
     epochal_driver_pool: DriverPool | None, epochal_map_sink: MapSinkUnderTest, tmp_path: Path
@@ -75,7 +91,7 @@ def test_the_kit_catches_a_writer_that_writes_a_replayed_batch_again(
         epochal_map_sink,
         str(tmp_path / "snapshots"),
         pool=epochal_driver_pool,
-        writer=WRITER_PATH,
+        writer=f"{__name__}:rewriting_writer",
     )
     problem = scenario_problem(scenario, outcome, source, epochal_map_sink)
     assert problem is not None and "duplicates under exactly-once" in problem, problem
