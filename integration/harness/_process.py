@@ -68,6 +68,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` TCP ports on ``host``, free right now and all different: each is held while
+    the next is picked (ports picked one after the other by :func:`free_port` may repeat, and
+    a server given one port twice fails to bind its second listener)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     """Return whether a TCP connection to ``host:port`` succeeds."""
     try:

@@ -32,7 +32,7 @@ from ._process import (
     HOST,
     HarnessError,
     ManagedProcess,
-    free_port,
+    free_ports,
     make_temp_dir,
     remove_temp_dir,
     run_checked,
@@ -295,8 +295,9 @@ def _namenode_up(webhdfs_url: str) -> bool:
 def start_hdfs() -> HdfsServer:
     """A formatted NameNode and a DataNode on free loopback ports, serving writes."""
     workdir = make_temp_dir("epochal-hdfs-")
-    nn = {k: free_port() for k in NAMENODE_PORTS}
-    dn = {k: free_port() for k in DATANODE_PORTS}
+    picked = iter(free_ports(len(NAMENODE_PORTS) + len(DATANODE_PORTS)))
+    nn = {k: next(picked) for k in NAMENODE_PORTS}
+    dn = {k: next(picked) for k in DATANODE_PORTS}
     conf = write_conf(workdir / "conf", workdir, nn, dn)
     run_checked(
         [

@@ -32,7 +32,7 @@ from ._process import (
     HarnessError,
     ManagedProcess,
     PrerequisiteError,
-    free_port,
+    free_ports,
     make_temp_dir,
     port_open,
     run_checked,
@@ -145,8 +145,8 @@ class SeaweedPorts:
 
     @classmethod
     def pick(cls) -> SeaweedPorts:
-        """Free ports for every listener."""
-        return cls(*(free_port() for _ in range(8)))
+        """Free ports for every listener, all different."""
+        return cls(*free_ports(8))
 
 
 def weed_server_args(ports: SeaweedPorts, workdir: Path, config: Path) -> list[str]:

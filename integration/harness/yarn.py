@@ -36,7 +36,7 @@ from ._process import (
     ManagedProcess,
     _descendants,
     _proc_stat,
-    free_port,
+    free_ports,
     make_temp_dir,
     remove_temp_dir,
     tail_file,
@@ -413,13 +413,14 @@ def start_yarn_cluster(
     workdir = make_temp_dir("epochal-yarn-")  # removes the directories of dead runs
     kill_containers(_stale)  # whose containers outlived their NodeManagers
     (workdir / "http-secret").write_text(uuid.uuid4().hex)
-    rm_ports = {k: free_port() for k in RM_PORTS}
+    picked = iter(free_ports(len(RM_PORTS) + nodes * len(NM_PORTS)))
+    rm_ports = {k: next(picked) for k in RM_PORTS}
     common = yarn_conf.rm_settings(rm_ports, nm_expiry_ms, am_expiry_ms)
     conf = write_conf(workdir / "conf", common, workdir)
     daemons = [YarnDaemon("resourcemanager", workdir, conf, RM_CLASS, "384m")]
     node_ids = []
     for i in range(nodes):
-        ports = {k: free_port() for k in NM_PORTS}
+        ports = {k: next(picked) for k in NM_PORTS}
         base = workdir / f"nm-{i}"
         nm_conf = write_conf(base / "conf", yarn_conf.nm_settings(common, base, ports), workdir)
         daemons.append(YarnDaemon(f"nodemanager-{i}", workdir, nm_conf, NM_CLASS, "256m"))

@@ -190,3 +190,11 @@ def test_the_full_lane_names_tests_that_exist_and_only_those() -> None:
     kit = "tests/conformance/test_map_conformance.py::TestMapConformance::test_crash_and_recover"
     assert conftest.full_lane_reason(f"{kit}[points-idempotent-at-least-once]")
     assert not conftest.full_lane_reason(f"{kit}[points-transactional-at-least-once]")
+
+
+def test_ports_picked_together_are_all_different() -> None:
+    from integration.harness._process import free_ports
+
+    for _ in range(20):
+        ports = free_ports(16)
+        assert len(set(ports)) == 16, ports
