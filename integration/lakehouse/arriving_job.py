@@ -10,7 +10,12 @@ every record:
    directory), exactly-once under ``epochal run``: 500 records at a time appended while it
    runs, the driver SIGKILLed while a task of batch 1 writes and once batch 3 is complete;
    suspended halfway, the rest appended while it is suspended, resumed;
-2. **table → map sink** (two-phase commit), exactly-once, the driver SIGKILLed after
+2. **the same into a second table from a plain session** (Spark finds ``epochal.map`` by
+   itself, a 1 s trigger, the query stopped once every record is committed), then the state
+   a driver killed between the format's commit of the last batch and Spark's commit log
+   leaves, and the query started again on it: the format must skip the batch it holds
+   (:func:`~integration.lakehouse.delta_job.plain_session_window`);
+3. **table → map sink** (two-phase commit), exactly-once, the driver SIGKILLed after
    batch 1's decision was recorded.
 
 The table is read back by the format's own reader, the map's output by its store; every
@@ -34,6 +39,8 @@ from integration.lakehouse.delta_job import (
     case_spec,
     delta_conf,
     map_rows,
+    plain_session_window,
+    table_rows,
     typed,
     wrong_records,
 )
@@ -41,6 +48,9 @@ from integration.lakehouse.delta_job import (
 MODULE = "integration.lakehouse.arriving_job"
 TABLE = "local.db.events"
 """The Iceberg table, in the catalog ``local``."""
+WINDOW_TABLE = "local.db.window"
+"""The Iceberg table of the plain session's case, in the catalog ``local``."""
+ICEBERG_COLUMNS = "(id BIGINT, value STRING, amount DECIMAL(20, 4), at TIMESTAMP)"
 FILES_PER_BATCH = "2"
 """A few of the table's files a batch when it is read, so that the job runs several batches."""
 FILES_PER_BATCH_OPTION = {
@@ -49,6 +59,7 @@ FILES_PER_BATCH_OPTION = {
 }
 """Each format's stream read option for :data:`FILES_PER_BATCH`."""
 CHUNK = 500
+CHUNKS = RECORDS // CHUNK
 DEADLINE = 600.0
 """Seconds a job may take to get every record into its output before the case fails."""
 
@@ -138,20 +149,13 @@ def main() -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if table_format == "iceberg":
-        spark.sql(
-            f"CREATE TABLE {TABLE} (id BIGINT, value STRING, amount DECIMAL(20, 4), "
-            "at TIMESTAMP) USING iceberg"
-        )
+        for name in (TABLE, WINDOW_TABLE):
+            spark.sql(f"CREATE TABLE {name} {ICEBERG_COLUMNS} USING iceberg")
     with MapStore(str(journal)) as store:
         store.append_events("input", [])
 
-    def table_rows() -> list[tuple[Any, ...]]:
-        if table_format == "iceberg":
-            spark.sql(f"REFRESH TABLE {TABLE}")
-            return [tuple(r) for r in spark.table(TABLE).collect()]
-        if not (root / "table" / "_delta_log").is_dir():  # before the job's first commit
-            return []
-        return [tuple(r) for r in spark.read.format("delta").load(case["table"]).collect()]
+    def output_rows() -> list[tuple[Any, ...]]:
+        return table_rows(spark, table_format, _table(case))
 
     def append(chunk: int) -> None:
         with MapStore(str(journal)) as store:
@@ -173,22 +177,25 @@ def main() -> None:
     found: dict[str, Any] = {"epochal_from": epochal.__file__, "format": table_format}
     faults = "source.after_read@1:driver > job.after_batch@3"
     job = Job.submit("to-table", f"{MODULE}:to_table", config(faults), report=print)
-    chunks = RECORDS // CHUNK
+    chunks = CHUNKS
     for chunk in range(chunks // 2):  # input that keeps arriving, through both kills
         before = _batch(job)
         append(chunk)
         _wait(f"a batch after chunk {chunk}", lambda b=before: _batch(job) > b, job)
-    _wait("the first half in the table", lambda: len(table_rows()) >= RECORDS // 2, job)
+    _wait("the first half in the table", lambda: len(output_rows()) >= RECORDS // 2, job)
     job.suspend()
     found["suspended"] = str(job.join(300).status)
     for chunk in range(chunks // 2, chunks):  # arriving while the job is suspended
         append(chunk)
     job = job.resume(report=print)
-    _wait("every record in the table", lambda: len(table_rows()) >= RECORDS, job)
+    _wait("every record in the table", lambda: len(output_rows()) >= RECORDS, job)
     job.suspend()
     found["to_table_status"] = str(job.join(300).status)
     found["to_table_faults"] = faults_fired("to-table")
-    found["to_table"] = wrong_records(table_rows())
+    found["to_table"] = wrong_records(output_rows())
+    window = WINDOW_TABLE if table_format == "iceberg" else str(root / "window-table")
+    every_second = {"processingTime": "1 second"}
+    found["window"] = plain_session_window(spark, case, root, window, every_second, CHUNKS)
 
     job = Job.submit(
         "from-table", f"{MODULE}:from_table", config("sink.after_decision@1"), report=print

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,10 @@ def typed(rows: Any) -> Any:
     )
 
 
-def map_rows(spark: Any, case: dict[str, Any], **fence: str) -> Any:
-    """The map journal as a stream; ``fence``: a plain session's ``epochal.*`` options."""
-    options = {"path": case["journal"], "map": "input", "maxRecordsPerBatch": str(PER_BATCH)}
+def map_rows(spark: Any, case: dict[str, Any], journal_map: str = "input", **fence: str) -> Any:
+    """The journal of map ``journal_map`` as a stream; ``fence``: a plain session's
+    ``epochal.*`` options."""
+    options = {"path": case["journal"], "map": journal_map, "maxRecordsPerBatch": str(PER_BATCH)}
     return spark.readStream.format("epochal.map").options(**options, **fence).load()
 
 
@@ -134,41 +136,114 @@ def _run_job(name: str, target: str, case: dict[str, Any], faults: str, root: Pa
     }
 
 
-def _plain_session_window(spark: Any, case: dict[str, Any], root: Path) -> dict[str, Any]:
-    """Case 2: a plain session's query into a second table, then the state of a driver
-    killed between Delta's commit of the last batch and Spark's commit log."""
-    table, checkpoint = str(root / "table-2"), root / "checkpoint-2"
+def table_rows(spark: Any, table_format: str, table: str) -> list[tuple[Any, ...]]:
+    """Every row of ``table`` (Iceberg's by its name, Delta's by its directory), read by the
+    format's own reader."""
+    if table_format == "iceberg":
+        spark.sql(f"REFRESH TABLE {table}")
+        return [tuple(r) for r in spark.table(table).collect()]
+    if not (Path(table) / "_delta_log").is_dir():  # before the first commit
+        return []
+    return [tuple(r) for r in spark.read.format("delta").load(table).collect()]
+
+
+def batch_versions(spark: Any, table_format: str, table: str, batch: int) -> int:
+    """How many versions of ``table`` a streaming query's batch ``batch`` wrote: Delta's
+    history entries, Iceberg's snapshots, that name it as their epoch."""
+    if table_format == "iceberg":
+        spark.sql(f"REFRESH TABLE {table}")
+        query = f"SELECT * FROM {table}.snapshots WHERE summary['spark.sql.streaming.epochId']"
+        return int(spark.sql(f"{query} = '{batch}'").count())
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`")
+    return int(history.where(f"operationParameters['epochId'] = '{batch}'").count())
+
+
+def _logged_batches(checkpoint: Path, log: str) -> list[int]:
+    """The batch ids in the query's ``offsets`` or ``commits`` log."""
+    if not (checkpoint / log).is_dir():
+        return []
+    return sorted(int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit())
+
+
+def plain_session_window(
+    spark: Any,
+    case: dict[str, Any],
+    root: Path,
+    table: str,
+    trigger: dict[str, Any],
+    chunks: int = 1,
+) -> dict[str, Any]:
+    """A plain session's query (Spark finds ``epochal.map`` by itself) of the journal's map
+    ``window`` into ``table`` of the format ``case["format"]`` (Delta unless said) at
+    ``trigger``, its records appended in ``chunks`` parts, each once the batch of the one
+    before is committed (a processing-time trigger before Spark 4.2 puts all a source has in
+    one batch), stopped once every record is committed; then the state a driver killed
+    between the format's commit of the last batch and Spark's commit log leaves (the batch's
+    offsets logged, its commit-log entry and checksum removed), and the query started again
+    on it: Spark runs that batch again and the format must skip it, writing no second
+    version."""
+    table_format = case.get("format", "delta")
+    checkpoint = root / "checkpoint-window"
     fence = {"epochal.snapshotDir": str(root / "session-snapshots"), "epochal.job": "window"}
+    size = RECORDS // chunks
 
-    def run_query() -> None:
-        query = (
-            typed(map_rows(spark, case, **fence))
-            .writeStream.format("delta")
-            .option("path", table)
+    def append(chunk: int) -> None:
+        from epochal_map.store import MapStore
+
+        with MapStore(case["journal"]) as store:
+            ids = range(chunk * size, RECORDS if chunk == chunks - 1 else (chunk + 1) * size)
+            store.append_events("window", [(str(i), f"v{i}") for i in ids])
+
+    def run_query(done: Any) -> None:
+        writer = (
+            typed(map_rows(spark, case, "window", **fence))
+            .writeStream.format(table_format)
             .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
+            .trigger(**trigger)
         )
-        query.awaitTermination(600)
+        query = writer.toTable(table) if table_format == "iceberg" else writer.start(table)
+        deadline = time.monotonic() + 600
+        while query.isActive and not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the plain session's query did not finish: {query.status}")
+            query.awaitTermination(0.5)
+        query.stop()
+        if query.exception() is not None:
+            raise AssertionError(f"the plain session's query failed: {query.exception()}")
 
-    run_query()
-    commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    appended = 0
+
+    def caught_up() -> bool:
+        nonlocal appended
+        commits = _logged_batches(checkpoint, "commits")
+        if appended < chunks and len(commits) >= appended:  # the input keeps arriving
+            append(appended)
+            appended += 1
+            return False
+        offsets = _logged_batches(checkpoint, "offsets")
+        return (
+            bool(commits)
+            and commits[-1] == offsets[-1]
+            and (len(table_rows(spark, table_format, table)) >= RECORDS)
+        )
+
+    append(0)
+    appended = 1
+    run_query(caught_up)
+    commits = _logged_batches(checkpoint, "commits")
     last = commits[-1]
-    versions_before = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
-    # Delta holds batch `last`; Spark's commit log does not (nor the entry's checksum file)
+    versions_before = batch_versions(spark, table_format, table, last)
+    # the format holds batch `last`; Spark's commit log does not (nor the entry's checksum)
     for name in (str(last), f".{last}.crc"):
         (checkpoint / "commits" / name).unlink(missing_ok=True)
-    run_query()
-    replayed = (checkpoint / "commits" / str(last)).exists()
-    versions_after = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
-    rows = [tuple(r) for r in spark.read.format("delta").load(table).collect()]
+    run_query(lambda: (checkpoint / "commits" / str(last)).exists())
     return {
-        **wrong_records(rows),
+        **wrong_records(table_rows(spark, table_format, table)),
         "batches": len(commits),
         "replayed_batch": last,
-        "replay_committed": replayed,
+        "replay_committed": (checkpoint / "commits" / str(last)).exists(),
         "versions_before": versions_before,
-        "versions_after": versions_after,
+        "versions_after": batch_versions(spark, table_format, table, last),
     }
 
 
@@ -194,9 +269,9 @@ def main() -> None:
     for key, value in delta_conf(jars).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    rows = [tuple(r) for r in spark.read.format("delta").load(case["table"]).collect()]
-    found["to_delta"] = wrong_records(rows)
-    found["window"] = _plain_session_window(spark, case, root)
+    found["to_delta"] = wrong_records(table_rows(spark, "delta", case["table"]))
+    window_table, available_now = str(root / "table-2"), {"availableNow": True}
+    found["window"] = plain_session_window(spark, case, root, window_table, available_now)
     spark.stop()
     found["from_delta_job"] = _run_job(
         "from-delta", f"{MODULE}:from_delta", case, "sink.after_decision@1", root

@@ -72,17 +72,33 @@ def run_lakehouse_cases(
     return found
 
 
+def check_counts(counts: dict) -> None:
+    """Every record once, by key and by value (``delta_job.wrong_records``)."""
+    assert counts["records"] == RECORDS, counts
+    assert (counts["lost"], counts["duplicated"]) == (0, 0), counts
+    assert counts["wrong_count"] == 0, counts
+
+
+def check_window(window: dict) -> None:
+    """What ``delta_job.plain_session_window`` must have found: several batches, every record
+    once by value, and the batch whose commit-log entry was gone run again and committed by
+    Spark while the table format kept the one version of it it had."""
+    check_counts(window)
+    assert window["batches"] >= 2, window
+    assert window["replay_committed"], window
+    assert (window["versions_before"], window["versions_after"]) == (1, 1), window
+
+
 def check_arriving_cases(found: dict) -> None:
     """What ``integration.lakehouse.arriving_job`` must have found, whatever the format:
-    both jobs stopped gracefully (suspended) with every fault fired, and every record in the
-    table and in the map once, by value, nothing in doubt."""
+    both jobs stopped gracefully (suspended) with every fault fired, every record in the
+    table and in the map once, by value, nothing in doubt, and the plain session's commit
+    window (:func:`check_window`)."""
     for status in ("suspended", "to_table_status", "from_table_status"):
         assert found[status] == "SUSPENDED", (status, found)
     assert len(found["to_table_faults"]) == 2, found["to_table_faults"]
     assert len(found["from_table_faults"]) == 1, found["from_table_faults"]
-    for case in ("to_table", "from_table"):
-        counts = found[case]
-        assert counts["records"] == RECORDS, (case, counts)
-        assert (counts["lost"], counts["duplicated"]) == (0, 0), (case, counts)
-        assert counts["wrong_count"] == 0, (case, counts)
+    check_counts(found["to_table"])
+    check_counts(found["from_table"])
     assert found["from_table_in_doubt"] == [], found["from_table_in_doubt"]
+    check_window(found["window"])

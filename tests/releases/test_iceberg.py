@@ -1,12 +1,14 @@
 """Apache Iceberg as an epochal job's sink and source, exactly-once, with the driver killed,
-input that keeps arriving and graceful stops (``integration/lakehouse/arriving_job.py`` says
-what each case does): in a new virtual environment of a pyspark Iceberg publishes a runtime
-for (Iceberg 1.12 for Spark 4.1, 1.11 the last for 4.0; none for 4.2 or the suite's own 4.3),
-with epochal's wheels installed after it and Iceberg's runtime jar fetched from Maven Central
-into the harness cache. CI's lane runs the newest; the full lane 4.0 too.
+input that keeps arriving, graceful stops and a plain session's commit window
+(``integration/lakehouse/arriving_job.py`` says what each case does): in a new virtual
+environment of a pyspark Iceberg publishes a runtime for (Iceberg 1.12 for Spark 4.1, 1.11
+the last for 4.0; none for 4.2 or the suite's own 4.3), with epochal's wheels installed
+after it and Iceberg's runtime jar fetched from Maven Central into the harness cache. CI's
+lane runs the newest; the full lane 4.0 too.
 
 Cost: the environment (pyspark's wheel from pip's cache after the first download), five
-driver starts under the supervisor, one reading session: about two and a half minutes here.
+driver starts under the supervisor, one session that reads and runs the plain session's query
+twice: about three minutes here.
 """
 
 from __future__ import annotations
