@@ -109,6 +109,27 @@ def test_without_admission_control_a_restarted_reader_reads_what_is_there(
     assert _rows(reader, {"0": 5}, end) == [("0", 5), ("0", 6), ("1", 0), ("1", 1), ("1", 2)]
 
 
+def test_without_admission_control_a_quiet_trigger_returns_the_end_as_spark_logged_it(
+    growing: Path,
+) -> None:
+    """A batch's end carries its task count (:data:`TASKS_KEY`) in Spark's offset log; with
+    nothing new, ``latestOffset()`` must return that end as it is there, key and all: an end
+    without it is a new offset to Spark, which then runs an empty batch after every batch
+    (seen on pyspark 4.1: batch 2 ``{"0": 49, ...}`` after batch 1 ``{"0": 49, ...,
+    "epochal.tasks": 1}``). The same after a replayed batch of a restarted query."""
+    growing.write_text(json.dumps({f"p{n}": 10 for n in range(4)}))
+    part = Part("growing", {"path": str(growing), "minRecordsPerTask": "20"}, "g", JobContext())
+    reader = ReplayableReader(part, SCHEMA)
+    start = reader.initialOffset()
+    end = reader.latestOffset()
+    assert end[TASKS_KEY] == 2
+    assert len(reader.partitions(start, end)) == 2
+    assert reader.latestOffset() == end  # quiet: the same end, so no batch
+    replaying = ReplayableReader(part, SCHEMA)  # a restarted query runs its last batch again
+    assert len(replaying.partitions(start, end)) == 2
+    assert replaying.latestOffset() == end
+
+
 # -- small splits share tasks (ReplayableSource.min_records_per_task) -------------------------
 
 

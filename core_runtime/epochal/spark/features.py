@@ -11,8 +11,10 @@ features it uses arrived after 4.0:
 
 - :data:`ADMISSION_CONTROL` (4.2): a Python stream reader's ``latestOffset(start, limit)``
   with a read limit, and ``SupportsTriggerAvailableNow``. Without it a batch reads everything
-  the source has (``maxRecordsPerBatch`` is not applied by a replayable source) and the
-  available-now trigger is refused at submit (:func:`refusals`).
+  the source has (``maxRecordsPerBatch`` is not applied by a replayable source), the
+  available-now trigger is refused at submit (:func:`refusals`), and a query restarted after
+  its last batch committed runs one empty batch first (its reader is told no start, so it
+  cannot give back the end as Spark's offset log has it, task count and all).
 - :data:`ARROW_STREAM_WRITER` (4.1): ``DataSourceStreamArrowWriter``, a stream writer that
   gets Arrow record batches. Without it the sinks' writers get rows and turn them into Arrow
   record batches themselves (:func:`arrow_batches`).

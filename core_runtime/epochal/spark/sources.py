@@ -105,6 +105,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         self._source: ReplayableSource | None = None
         self._until: dict | None = None
         self._planned: dict | None = None  # the end of the last batch planned here
+        self._spark_end: dict | None = None  # the same as Spark's offset log has it
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -113,6 +114,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
             "_source": None,
             "_until": None,
             "_planned": None,
+            "_spark_end": None,
         }
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -148,7 +150,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
                 start = _offsets(start) or {}
                 latest = self._latest(start, limit)
         if latest == start:  # no batch: the offsets Spark has stay as they are
-            latest = given if given is not None else latest
+            latest = given if given is not None else self._unchanged(latest)
         else:  # a batch will run: its tasks, and how long planning it took
             tasks = task_count(self.source, start or {}, latest)
             if tasks is not None:
@@ -158,6 +160,15 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
             recording.add(values, recording.connector_values(self.source.context.metrics.drain()))
             self.part.report("source", None, values)
         self.part.context.reach("source.after_plan")
+        return latest
+
+    def _unchanged(self, latest: dict) -> dict:
+        """``latest``, the end of the last batch, as Spark's offset log has it (with its
+        :data:`TASKS_KEY`): without a start to return (no admission control, pyspark 4.0
+        and 4.1) an end that differs from the log's only by that key is a new offset to
+        Spark, which would run an empty batch after every batch."""
+        if self._spark_end is not None and _offsets(self._spark_end) == latest:
+            return dict(self._spark_end)
         return latest
 
     def _latest_without_limit(self) -> dict:
@@ -186,6 +197,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         tasks = end.get(TASKS_KEY)
+        self._spark_end = dict(end)
         start, end = _offsets(start) or {}, _offsets(end) or {}
         missing = [p for p in end if p not in start]  # only without admission control
         if missing:
