@@ -10,7 +10,8 @@ connectors (:mod:`tests.conformance.mutants`), and a table of what caught each o
 For each variant the kit's cases run cheapest first and stop at the first failure: the
 contract checks of its contract (:mod:`epochal.testing.contract_checks`, no Spark), then, only
 if every check passed, the Spark scenarios of a suite for its contract (one warm driver pool
-for all of them). The unmodified reference connectors (``map`` source and sink in both modes,
+for all of them; only the one named in :data:`CAUGHT_ONLY_BY` for a variant whose bug only
+that one can show). The unmodified reference connectors (``map`` source and sink in both modes,
 ``testqueue``) run every check first: a check that fails there is a false alarm. The command
 exits non-zero when a variant survives or a reference fails. ``--spark`` also runs, for the
 variants that name one, the Spark scenario that catches the bug in a real job (the crash point
@@ -69,6 +70,16 @@ SPARK_CASES = {
     ),
 }
 """The Spark scenario that catches a variant's bug in a real job, for ``--spark``."""
+ARRIVAL_DEADLINE = 10.0
+"""Seconds a replayable source's checks wait here for produced records to show: the
+references and their variants are local files, which show them at once (a variant that never
+does, ``mutant-map-first-look-end``, is caught when this ends)."""
+CAUGHT_ONLY_BY = {"mutant-map-todays-writers-in-doubt": "session-failures"}
+"""Variants whose bug only one of the suite's Spark scenarios can show (by kind): the one
+whose job changes its parallelism while transactions are prepared (driver B paused before
+its decision with 4 writers prepared, C with one). Once the contract checks
+passed such a variant, the catalogue runs that scenario alone rather than every cheaper one
+before it (they pass it: their jobs keep two writers)."""
 
 
 class QueueUnderTest(SourceUnderTest):
@@ -249,6 +260,7 @@ def check_problem(check: ContractCheck, contract: str, connector: str, root: str
         sink=under if SIDE[contract] == "sink" else None,  # type: ignore[arg-type]
         mode=mode,
         workdir=directory,
+        arrival_deadline=ARRIVAL_DEADLINE,
     )
     try:
         check.run(subject)
@@ -265,16 +277,19 @@ def spark_problem(
     under = under_test(contract, connector, directory)
     other = other_side(contract, directory)
     source, sink = (under, other) if SIDE[contract] == "source" else (other, under)
-    outcome = run_case(
-        scenario,
-        source,  # type: ignore[arg-type]
-        sink,  # type: ignore[arg-type]
-        os.path.join(directory, "snapshots"),
-        records=300,
-        per_batch=100,
-        pool=pool,
-        replayable=contract != "acknowledging",
-    )
+    try:
+        outcome = run_case(
+            scenario,
+            source,  # type: ignore[arg-type]
+            sink,  # type: ignore[arg-type]
+            os.path.join(directory, "snapshots"),
+            records=300,
+            per_batch=100,
+            pool=pool,
+            replayable=contract != "acknowledging",
+        )
+    except AssertionError as exc:  # a step of the scenario found what it checks broken
+        return f"{type(exc).__name__}: {exc}"
     return scenario_problem(scenario, outcome, source, sink)  # type: ignore[arg-type]
 
 
@@ -330,7 +345,10 @@ class Runner:
                 row.caught_by, row.detail = f"check {check.name}", failed
                 break
         else:
-            for scenario in suite_for(contract).cases():
+            scenarios = suite_for(contract).cases()
+            if name in CAUGHT_ONLY_BY:
+                scenarios = [s for s in scenarios if s.kind == CAUGHT_ONLY_BY[name]]
+            for scenario in scenarios:
                 failed = spark_problem(scenario, contract, name, self.root, self.pool())
                 if failed:
                     row.caught_by, row.detail = f"Spark {scenario.id}", failed

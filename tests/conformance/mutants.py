@@ -33,6 +33,7 @@ from epochal_sdk import (
     RecoveryScope,
     Split,
     Transaction,
+    TransactionId,
 )
 from epochal_sdk.connector import Connector
 from epochal_sdk.hookspecs import hookimpl
@@ -109,6 +110,20 @@ class ReadTimeSource(MapJournalSource):
             stamps = pa.array([now] * batch.num_rows, type=batch.schema.field("event_time").type)
             index = batch.schema.get_field_index("event_time")
             yield batch.set_column(index, "event_time", stamps)
+
+
+class FirstLookEndSource(MapJournalSource):
+    """latest_offsets answers with the journal's end at the object's first look (a reader
+    that lists what there is once, as a table source that caches its file listing): records
+    that arrive while the job runs are never planned by its driver (lost for as long as it
+    runs; a job at a processing-time trigger never catches up)."""
+
+    _ends: dict[str, int] | None = None
+
+    def latest_offsets(self, partitions: Sequence[str]) -> dict[str, int]:
+        if self._ends is None:
+            self._ends = dict(super().latest_offsets(self.partitions()))
+        return {p: self._ends.get(p, 0) for p in partitions}
 
 
 # -- acknowledging source (the test queue) -----------------------------------------------------
@@ -291,6 +306,17 @@ class BlindInDoubtSink(MapSink):
 
     def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
         return []
+
+
+class TodaysWritersInDoubtSink(MapSink):
+    """in_doubt looks only among the transactions of the writers a job of two tasks has
+    (Spark partitions 0 and 1), as a sink that probes its transactional ids by task index up
+    to the parallelism it was built for does: after the job's parallelism changed, what the
+    writers that are gone prepared stays in doubt forever (a lingering transaction)."""
+
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
+        found = super().in_doubt(scope)
+        return [p for p in found if TransactionId.of(p.transaction_id).partition < 2]
 
 
 _IN_MEMORY: dict[str, tuple[str, list[tuple[str, str]]]] = {}
@@ -538,6 +564,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-start-exclusive": ("replayable", StartExclusiveSource),
     "mutant-map-read-time": ("replayable", ReadTimeSource),
     "mutant-map-grouped-read": ("replayable", GroupedReadSource),
+    "mutant-map-first-look-end": ("replayable", FirstLookEndSource),
     "mutant-testqueue-ack-on-receipt": ("acknowledging", AckOnReceiptSource),
     "mutant-testqueue-drop-redelivered": ("acknowledging", DropRedeliveredSource),
     "mutant-testqueue-session-ids": ("acknowledging", SessionIdSource),
@@ -549,6 +576,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-recommit": ("transactional", RecommitSink),
     "mutant-map-kept-rollback": ("transactional", KeptRollbackSink),
     "mutant-map-blind-in-doubt": ("transactional", BlindInDoubtSink),
+    "mutant-map-todays-writers-in-doubt": ("transactional", TodaysWritersInDoubtSink),
     "mutant-map-memory-prepare": ("transactional", MemoryPrepareSink),
     "mutant-map-skip-empty-prepare": ("transactional", SkipEmptyPrepareSink),
     "mutant-map-local-time": ("transactional", LocalTimeSink),

@@ -415,6 +415,7 @@ class KeepProducing:
         self.produced = 0
         self.ids: list[int] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="epochal-kit-producer", daemon=True)
         self.error: BaseException | None = None
 
@@ -425,21 +426,21 @@ class KeepProducing:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.every) and self.produced < self.limit:
-                ids = list(range(self.next, self.next + self.chunk))
-                self.produce(ids)
-                self.ids += ids
-                self.next += self.chunk
-                self.produced += self.chunk
+                self._give(self.chunk)
         except BaseException as exc:  # reported by stop()
             self.error = exc
 
+    def _give(self, count: int) -> None:
+        with self._lock:
+            ids = list(range(self.next, self.next + count))
+            self.produce(ids)
+            self.ids += ids
+            self.next += count
+            self.produced += count
+
     def burst(self, count: int) -> None:
-        """Give the source ``count`` more records at once (the thread stopped)."""
-        ids = list(range(self.next, self.next + count))
-        self.produce(ids)
-        self.ids += ids
-        self.next += count
-        self.produced += count
+        """Give the source ``count`` more records at once (whether the thread runs or not)."""
+        self._give(count)
 
     def stop(self) -> None:
         """Stop producing (at once) and wait for the thread; raise what it failed with."""

@@ -23,7 +23,8 @@ and once (the split brain) while the old driver still lives.
 
 All along, records keep arriving (:class:`~epochal.testing.real_failures.KeepProducing`),
 and each start of the application gives the source's batches another number of tasks (2 for
-A, 4 for B, 1 from C on).
+A, 4 for B, 1 from C on): a full batch arrives before B starts, so the batch B is paused in
+has 4 writers prepared, and C, with one, must settle what the writers that are gone left.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class SessionFailures:
         assert self.plan.fired() == [kill.label], self.plan.fired()
 
         self._tasks(4)
+        if self.producer is not None:  # B's first new batch a full one: 4 writers prepare it
+            self.producer.burst(int(self.spec["source_options"].get("maxRecordsPerBatch", 100)))
         second, zombie_token = self._start("b")
         wait_for(lambda: self.plan.fired()[-1:] == [pause.label], "the zombie's pause", 300)
         zombie = self.plan.marker_info(pause.label)

@@ -82,6 +82,9 @@ class Subject:
         per_batch: records per planned batch of a replayable source.
         exactly_once: whether duplicates count (the suite tests exactly-once and the part
             declares it can keep it); else only losses do.
+        arrival_deadline: seconds a replayable source's checks wait for produced records to
+            show in its offsets (:data:`DEADLINE`: a server may show them late; a source
+            over local files shows them at once, and may be given less).
     """
 
     source: SourceUnderTest | None = None
@@ -90,6 +93,7 @@ class Subject:
     workdir: str = "."
     per_batch: int = 20
     exactly_once: bool = True
+    arrival_deadline: float = DEADLINE
 
 
 # -- parts, built as the runtime builds them ------------------------------------------------

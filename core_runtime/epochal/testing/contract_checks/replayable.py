@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epochal.testing.contract_checks.common import (
-    DEADLINE,
     Part,
     Subject,
     _first,
@@ -128,10 +127,10 @@ class ReplayDriver:
     def read_to_the_end(self, produced: set[int], total: int) -> list[int]:
         """Plan and read batches until every ID of ``produced`` was read; while some are
         missing and the offsets do not yet cover ``total`` records (a server may show
-        committed records a moment later), wait for new offsets up to :data:`DEADLINE`. The
-        record IDs read, in order."""
+        committed records a moment later), wait for new offsets up to the subject's
+        ``arrival_deadline``. The record IDs read, in order."""
         seen: list[int] = []
-        deadline = time.monotonic() + DEADLINE
+        deadline = time.monotonic() + self.subject.arrival_deadline
         while _until(deadline):
             batch = self.plan()
             if batch is None:
@@ -204,7 +203,7 @@ def check_replay_same_rows(subject: Subject) -> None:
     subject.source.produce(ids)
     driver = ReplayDriver(subject, check)
     try:
-        deadline = time.monotonic() + DEADLINE
+        deadline = time.monotonic() + subject.arrival_deadline
         batch = driver.plan()
         while batch is None and _until(deadline):  # the server may show the records late
             time.sleep(0.05)
