@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epochal.base import secrets
+from epochal.base.switches import env_switch
 from epochal_sdk import ConfigError, Guarantee
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -126,7 +127,7 @@ def timeline_enabled(options: Mapping[str, str] | None = None) -> bool:
     opts = {k.lower(): v for k, v in (options or {}).items()}
     if opts.get(TIMELINE_OPTION.lower(), "").strip().lower() in ("true", "1", "yes"):
         return True
-    return os.environ.get(TIMELINE_ENV, "").strip().lower() in ("true", "1", "yes")
+    return env_switch(TIMELINE_ENV, False)
 
 
 CONNECT_DOC = "docs/how-to/spark-connect.md"

@@ -23,14 +23,16 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
-import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from epochal.base.switches import SwitchError, env_switch
+
 ENV = "EPOCHAL_ATTACH"
-"""``0`` (or ``false``, ``no``) turns the attachment off."""
+"""A switch (:func:`epochal.base.switches.env_switch`), on unless set off (``0``)."""
 WRITER_MODULE = "pyspark.sql.streaming.readwriter"
 """PySpark classic's module of ``DataStreamWriter``."""
 STARTS = ("start", "toTable")
@@ -39,8 +41,13 @@ _PATCHED = "_epochal_attaches"
 
 
 def enabled() -> bool:
-    """Whether the environment leaves the attachment on."""
-    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no")
+    """Whether the environment leaves the attachment on (a value that is neither on nor off
+    leaves it on, with a warning: nothing here may break an interpreter)."""
+    try:
+        return env_switch(ENV, True)
+    except SwitchError as exc:
+        warnings.warn(f"{exc}; epochal attaches its session check", stacklevel=2)
+        return True
 
 
 def install() -> None:

@@ -20,9 +20,10 @@ off.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
+
+from epochal.base.switches import env_switch
 
 FREEZE_ENV = "EPOCHAL_WORKER_GC_FREEZE"
 """``0``: leave a worker's collector as PySpark has it."""
@@ -42,7 +43,7 @@ def settle_imports() -> bool:
         if modules == _modules_at_freeze:
             return False
         _modules_at_freeze = modules
-        if os.environ.get(FREEZE_ENV, "").strip() == "0":
+        if not env_switch(FREEZE_ENV, True):
             return False
         gc.collect()  # what is garbage already is freed, not frozen
         gc.freeze()

@@ -28,6 +28,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from epochal.base.switches import env_switch
+
 SWITCH_ENV = "EPOCHAL_CLASS_DATA"
 """``off``: never use nor make the archive."""
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -89,7 +91,7 @@ def _jar_identities(jars: str) -> list[str]:
 
 
 def _enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "").lower() != "off"
+    return env_switch(SWITCH_ENV, True)
 
 
 def _spark_home() -> str | None:

@@ -46,6 +46,8 @@ import subprocess
 import tempfile
 import zipfile
 
+from epochal.base.switches import env_switch
+
 log = logging.getLogger("epochal.spark")
 
 SWITCH_ENV = "EPOCHAL_STATE_LINKS"
@@ -128,7 +130,7 @@ def session_conf(master: str) -> dict[str, str]:
     home = os.environ.get("SPARK_HOME")
     if not home or not os.path.isfile(os.path.join(home, "jars", JAR_NAME)):
         return {}
-    links = os.environ.get(SWITCH_ENV, "").lower() != "off"
+    links = env_switch(SWITCH_ENV, True)
     return {
         "spark.hadoop.fs.file.impl": FILE_SYSTEM_CLASS if links else COPYING_FILE_SYSTEM_CLASS,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": FILE_CONTEXT_CLASS,

@@ -13,12 +13,12 @@ failed scenario marks FAILED the crash point it can blame, see
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from epochal.base.switches import env_switch
 from epochal.control.launcher import DriverPool, use_pool
 from epochal.testing.points import (
     CONTRACT_RESULTS,
@@ -85,7 +85,7 @@ def epochal_driver_pool(tmp_path_factory: Any) -> Iterator[DriverPool | None]:
     each driver's scratch directory, which its JVM's temporary files go to, is removed when
     the driver ends. After each test module, the pool stops keeping drivers for the profiles
     that no job asked for during it (see :func:`pytest_runtest_teardown`)."""
-    if os.environ.get(POOL_ENV, "1") == "0":
+    if not env_switch(POOL_ENV, True):
         yield None
         return
     pool = DriverPool(size=2, directory=str(tmp_path_factory.mktemp("epochal-pool")), warm_up=False)

@@ -28,6 +28,7 @@ from typing import Any
 
 from epochal.api import Job
 from epochal.base.fault_plan import FaultPlan
+from epochal.base.switches import env_switch
 from epochal.config import JobConfig
 from epochal.control.launcher import DriverPool
 from epochal.metrics import recording
@@ -152,7 +153,7 @@ def run_case(
         "route_by_key": source.route_by_key,
         "sink_path": scenario.sink_path,
         "writer": writer,
-        "register": os.environ.get(KIT_REGISTER_ENV, "1").strip() != "0",
+        "register": env_switch(KIT_REGISTER_ENV, True),
     }
     typed_types = _typed(scenario, sink)
     if typed_types:
