@@ -308,6 +308,16 @@ class BlindInDoubtSink(MapSink):
         return []
 
 
+class RunOnlyInDoubtSink(MapSink):
+    """in_doubt answers only a run's look-up (``scope.run`` set), as a sink that builds the
+    ids to probe from the asking run does: the operator's settling before ``jobs cancel``
+    deletes a job (no run asks) finds nothing, and what the dead run prepared stays in doubt
+    forever (a lingering transaction)."""
+
+    def in_doubt(self, scope: RecoveryScope) -> list[Prepared]:
+        return super().in_doubt(scope) if scope.run is not None else []
+
+
 class TodaysWritersInDoubtSink(MapSink):
     """in_doubt looks only among the transactions of the writers a job of two tasks has
     (Spark partitions 0 and 1), as a sink that probes its transactional ids by task index up
@@ -577,6 +587,7 @@ MUTANT_PARTS: dict[str, tuple[str, type[Source] | type[Sink]]] = {
     "mutant-map-kept-rollback": ("transactional", KeptRollbackSink),
     "mutant-map-blind-in-doubt": ("transactional", BlindInDoubtSink),
     "mutant-map-todays-writers-in-doubt": ("transactional", TodaysWritersInDoubtSink),
+    "mutant-map-run-only-in-doubt": ("transactional", RunOnlyInDoubtSink),
     "mutant-map-memory-prepare": ("transactional", MemoryPrepareSink),
     "mutant-map-skip-empty-prepare": ("transactional", SkipEmptyPrepareSink),
     "mutant-map-local-time": ("transactional", LocalTimeSink),

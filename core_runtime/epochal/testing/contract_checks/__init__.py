@@ -38,6 +38,7 @@ from epochal.testing.contract_checks.common import (
 )
 from epochal.testing.contract_checks.replayable import check_replay_once, check_replay_same_rows
 from epochal.testing.contract_checks.sinks import (
+    check_2pc_cancel,
     check_2pc_crash_before_decision,
     check_2pc_crash_in_phase_2,
     check_2pc_empty_task,
@@ -113,6 +114,15 @@ CHECKS: tuple[ContractCheck, ...] = (
         "the driver dies after a decision, then after phase 2 but before it was recorded; "
         "recovery commits from new objects, the second time again: visible once",
         check_2pc_crash_in_phase_2,
+    ),
+    ContractCheck(
+        "2pc-cancel",
+        "transactional",
+        "a batch commits, the next one's tasks prepare and the driver dies before its "
+        "decision; the job is cancelled: the operator's settling (a sink built from its "
+        "options, no run asking) settles it: the first visible once, the other's task all "
+        "or nothing, nothing in doubt",
+        check_2pc_cancel,
     ),
     ContractCheck(
         "2pc-empty-task",

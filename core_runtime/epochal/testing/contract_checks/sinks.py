@@ -375,6 +375,54 @@ def check_2pc_crash_in_phase_2(subject: Subject) -> None:
     run.expect_once(written, "after crashes after the decision and inside phase 2")
 
 
+def check_2pc_cancel(subject: Subject) -> None:
+    """Batch 0 commits, batch 1's tasks prepare and the driver dies before its decision, and
+    the job is cancelled: the operator's settling that ``jobs cancel`` (and ``run
+    --replace``) runs before deleting the job (a sink built anew from its options, no run
+    asking) settles batch 1: batch 0 visible once, batch 1's task all or nothing (rolled
+    back by a two-phase sink, kept once by one whose prepare makes rows visible), nothing in
+    doubt."""
+    from epochal.parts.settling import build_sink
+
+    run = TwoPhaseRun(subject, "2pc-cancel")
+    if not run.exactly_once:  # at-least-once tasks commit their own: nothing to settle
+        return
+    batches = [[_records(range(0, 10)), _records(range(10, 20))], [_records(range(20, 30))]]
+    run.start_run(1)
+    first = [
+        run.prepare(run=1, batch=0, partition=partition, attempt=0, records=records)
+        for partition, records in enumerate(batches[0])
+    ]
+    run.commit(1, 0, first)
+    run.prepare(run=1, batch=1, partition=0, attempt=0, records=batches[1][0])
+    part = run.part  # the driver died; the operator cancels the job
+    sink = build_sink(part.connector, part.part_id, part.job, part.options, part.incarnation)
+    try:
+        protocol, _ = two_phase_commit(
+            run.store, sink, part.job, part.part_id, incarnation=part.incarnation, run=None
+        )
+        protocol.recover()
+    except Exception as exc:
+        raise _violation(
+            run.check, f"settling the cancelled job's sink: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        sink.close()
+    # a sink whose prepare makes a task's rows visible (Kafka's: a replay skips what a task
+    # committed) keeps them; a two-phase one rolls them back. Never a part of a task's rows
+    undecided = _keys(batches[1][0])
+    found = run.seen()
+    shown = [key for key in undecided if key in found]
+    if shown and len(shown) != len(undecided):
+        raise _violation(
+            run.check,
+            f"after a cancel: {len(shown)} of the {len(undecided)} records of one task's "
+            "undecided transaction are visible: a task's transaction is all or nothing",
+        )
+    committed = batches[0][0] + batches[0][1] + (batches[1][0] if shown else [])
+    run.expect_once(committed, "after a cancel with a batch prepared and undecided")
+
+
 def check_2pc_empty_task(subject: Subject) -> None:
     """A task that got no rows prepares too; the batch commits without an error."""
     run = TwoPhaseRun(subject, "2pc-empty-task")
