@@ -133,6 +133,22 @@ def test_records_committed_count_once_per_batch_however_often_it_is_reported(
     assert totals["records_out"] == 420  # written: every attempt counts
 
 
+def test_a_sources_committed_records_count_each_task_once_and_the_batch_as_their_sum(
+    jobdir: JobDirectory,
+) -> None:
+    """A source's read tasks report their share of a batch with their Spark partition: a
+    retried or replayed task reports its share again, which counts once; the batch is the
+    sum of its tasks' shares."""
+    reports = ((7, 0, 40), (7, 1, 60), (7, 1, 60), (7, 0, 40), (8, 0, 30), (8, 1, 0))
+    for batch, task, records in reports:
+        values = {"records_committed": records, "records_in": records}
+        recording.report(jobdir.path, "source", SOURCE, "map", batch, values, task=task)
+    state = recording.collect(jobdir.path, 8, None, jobdir.load().created)
+    totals = state["parts"][f"source-{SOURCE}"]["totals"]
+    assert totals["records_committed"] == 130
+    assert totals["records_in"] == 230  # read: every attempt counts
+
+
 def test_a_job_started_over_starts_its_metrics_over(jobdir: JobDirectory) -> None:
     _report_two_batches(jobdir)
     recording.report(jobdir.path, "sink", SINK, "jdbc", 0, {"records_out": 7})

@@ -49,7 +49,8 @@ COUNTERS = {
     "records_out": "records written by the part's tasks (replays and retries count again)",
     "records_committed": (
         "records of the batches the sink committed, once per batch whatever its replays and "
-        "retries (a transactional sink's from its commit decision)"
+        "retries (a transactional sink's from its commit decision); a source's: the records "
+        "its tasks handed over, once per batch and task whatever the replays"
     ),
     "bytes_out": "bytes written (Arrow, in memory)",
     "dedupe_dropped": "redelivered messages dropped by the dedupe window",
@@ -64,7 +65,8 @@ COUNTERS = {
 """The runtime's counters of a part, by the key a step reports them under."""
 ONCE_PER_BATCH = ("records_committed",)
 """Counters a step reports whole for its batch, as often as it touches the batch (a replay,
-a recovery): a batch counts once, by its largest report, never by the sum of its reports.
+a recovery): a batch counts once, by its largest report, never by the sum of its reports
+(a task reports its share, with its Spark partition: each task's largest, summed).
 Reports are folded in the order they were made; a report of a batch no longer among the
 part's last :data:`~epochal.state.retention.METRIC_BATCHES` batches (a recovery's comes at
 the next run's start, a batch or two later) would count again."""
@@ -111,10 +113,12 @@ def report(
     values: dict[str, float],
     *,
     task_side: bool = False,
+    task: int | None = None,
 ) -> None:
     """Leave what one step of a part measured for the driver to collect. ``batch`` None:
     the batch the driver completes next. A task only reports when the job's directory is
-    on a file system it sees (``task_side``). Never raises."""
+    on a file system it sees (``task_side``); ``task``: its Spark partition, when its
+    :data:`ONCE_PER_BATCH` values are its share of the batch's. Never raises."""
     directory = metrics_dir(job_dir)
     if directory is None or not values:
         return
@@ -127,6 +131,8 @@ def report(
         "batch": batch,
         "values": {k: float(v) for k, v in values.items()},
     }
+    if task is not None:
+        entry["task"] = task
     try:
         pending = f"{directory}/{PENDING}"
         files.makedirs(pending)
@@ -260,10 +266,16 @@ def _fold(state: dict[str, Any], entry: dict[str, Any], batch: int | None) -> No
         del batches[: -retention.METRIC_BATCHES]
         if "batches" not in values and at is not None:
             values["batches"] = 1.0
+    task = entry.get("task")
     for name in ONCE_PER_BATCH:
         if name in values:
+            reported = values.pop(name)
+            if task is not None:  # a task's share: each task once, the batch their sum
+                shares = current.setdefault("shares", {}).setdefault(name, {})
+                shares[str(task)] = max(float(shares.get(str(task), 0.0)), reported)
+                reported = sum(shares.values())
             before = float(current["values"].get(name, 0.0))
-            value = max(before, values.pop(name))
+            value = max(before, reported)
             current["values"][name] = value
             part["totals"][name] = float(part["totals"].get(name, 0.0)) + value - before
     add(current["values"], values)

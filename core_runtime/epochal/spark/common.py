@@ -155,9 +155,16 @@ class Part:
         )
 
     def report(
-        self, kind: str, batch: int | None, values: dict[str, float], *, task_side: bool = False
+        self,
+        kind: str,
+        batch: int | None,
+        values: dict[str, float],
+        *,
+        task_side: bool = False,
+        task: int | None = None,
     ) -> None:
-        """Leave what a step of this part measured for the job's metrics (best effort)."""
+        """Leave what a step of this part measured for the job's metrics (best effort);
+        ``task``: the reporting task's Spark partition (see :func:`recording.report`)."""
         recording.report(
             self.context.job_dir,
             kind,
@@ -166,6 +173,7 @@ class Part:
             batch,
             values,
             task_side=task_side,
+            task=task,
         )
 
     def target(self, kind: str) -> dict[str, str]:

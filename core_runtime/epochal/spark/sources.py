@@ -233,7 +233,9 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         finally:
             source.close()
         recording.add(values, recording.connector_values(source.context.metrics.drain()))
-        self.part.report("source", batch, values, task_side=True)
+        values["records_committed"] = values["records_in"]  # this task's share, once
+        index = task.partition if task is not None else None
+        self.part.report("source", batch, values, task_side=True, task=index)
         self.part.context.reach("source.after_read", batch)
 
     def commit(self, end: dict) -> None:
@@ -402,7 +404,12 @@ class AcknowledgingReader(DataSourceStreamReader, _AvailableNow):
         seq = partition.seq  # type: ignore[attr-defined]
         payload = partition.payload  # type: ignore[attr-defined]
         store = self.part.context.store(self.part.connector) if payload is None else None
-        yield read_batch(store, self.part.part_id, seq, payload)
+        rows = read_batch(store, self.part.part_id, seq, payload)
+        yield rows
+        task = SparkTask.current()  # this task's share of the batch, once
+        if task is not None:
+            values = {"records_committed": float(rows.num_rows)}
+            self.part.report("source", task.batch, values, task_side=True, task=task.partition)
 
     def commit(self, end: dict) -> None:
         with protocol_step(self.part, None, f"acknowledge up to stored batch {end['seq']}"):

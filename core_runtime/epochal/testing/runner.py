@@ -257,19 +257,34 @@ def run_case(
         wrong_typed=wrong_typed,
         ending=ending,
         metric_committed=metric,
+        source_metric_committed=source_committed_metric(jobdir),
     )
 
 
-def committed_metric(jobdir: JobDirectory) -> float | None:
-    """The job's sink parts' ``records_committed`` counters, summed (None when no sink part
-    reported one): what ``jobs metrics`` shows as ``epochal_records_committed_total``."""
+def committed_metric(jobdir: JobDirectory, kind: str = "sink") -> float | None:
+    """The job's ``kind`` parts' (``sink`` or ``source``) ``records_committed`` counters,
+    summed (None when no such part reported one): what ``jobs metrics`` shows as
+    ``epochal_records_committed_total``."""
+    found = _committed_counters(jobdir, kind)
+    return sum(found) if found else None
+
+
+def source_committed_metric(jobdir: JobDirectory) -> float | None:
+    """The job's source part's ``records_committed`` counter; None when no source part
+    reported one (a source of Spark's own) or when the source was several parts: its options
+    changed between runs (the kit changes ``minRecordsPerTask``), which gives it a new part
+    id, and a batch replayed across the change counts in both."""
+    found = _committed_counters(jobdir, "source")
+    return found[0] if len(found) == 1 else None
+
+
+def _committed_counters(jobdir: JobDirectory, kind: str) -> list[float]:
     state = recording.current_state(jobdir.path)
-    found = [
+    return [
         float(part["totals"]["records_committed"])
         for part in state.get("parts", {}).values()
-        if part.get("kind") == "sink" and "records_committed" in part.get("totals", {})
+        if part.get("kind") == kind and "records_committed" in part.get("totals", {})
     ]
-    return sum(found) if found else None
 
 
 def _typed(scenario: Scenario, sink: SinkUnderTest) -> list[typed.KitType]:

@@ -451,17 +451,22 @@ def scenario_problem(
 
 
 def _metric_problem(scenario: Scenario, outcome: Outcome) -> str | None:
-    """Under exactly-once, in the copy pipeline: the sink's committed-records counter must
-    equal the records the independent reader sees, once each whatever the replays."""
+    """Under exactly-once, in the copy pipeline: the sink's committed-records counter, and an
+    epochal source's, must equal the records the independent reader sees, once each whatever
+    the replays."""
     if scenario.guarantee != Guarantee.EXACTLY_ONCE or scenario.pipeline != "copy":
         return None
     if outcome.metric_committed is None:
         return f"the sink reported no records_committed metric: {outcome}"
-    if outcome.metric_committed != outcome.seen:
-        return (
-            f"the sink's records_committed metric says {outcome.metric_committed:.0f}, the "
-            f"independent reader sees {outcome.seen} records: {outcome}"
-        )
+    counters = [("sink", outcome.metric_committed)]
+    if outcome.source_metric_committed is not None:
+        counters.append(("source", outcome.source_metric_committed))
+    for side, counted in counters:
+        if counted != outcome.seen:
+            return (
+                f"the {side}'s records_committed metric says {counted:.0f}, the "
+                f"independent reader sees {outcome.seen} records: {outcome}"
+            )
     return None
 
 
