@@ -137,7 +137,7 @@ class SinkRun:
         """A new sink object on the driver (a commit runs in a fresh worker each batch)."""
         return self.part.build(self.part.context(run=run, batch=batch), "sink")
 
-    def protocol(self, sink: TransactionalSink, run: int) -> TwoPhaseCommit:
+    def protocol(self, sink: TransactionalSink, run: int | None) -> TwoPhaseCommit:
         """The runtime's two-phase commit for ``sink`` in ``run``."""
         protocol, _ = two_phase_commit(
             self.store,
@@ -295,15 +295,32 @@ class TwoPhaseRun(SinkRun):
 
     def with_protocol(self, run: int, batch: int, action: Callable[[TwoPhaseCommit], Any]) -> Any:
         """``action`` on the driver: a new sink object, the runtime's protocol."""
-        sink = self.driver_sink(run, batch)
+        where = f"run {run}, batch {batch}, on the driver"
+        return self._driving(self.driver_sink(run, batch), run, where, action)
+
+    def as_operator(self, action: Callable[[TwoPhaseCommit], Any]) -> Any:
+        """``action`` as an operator's settling of the job (``jobs cancel``, ``run
+        --replace``): the sink built anew from its options as the settling builds it, no run
+        asking."""
+        from epochal.parts.settling import build_sink
+
+        part = self.part
+        sink = build_sink(part.connector, part.part_id, part.job, part.options, part.incarnation)
+        return self._driving(sink, None, "an operator settling the job", action)
+
+    def _driving(
+        self,
+        sink: TransactionalSink,
+        run: int | None,
+        where: str,
+        action: Callable[[TwoPhaseCommit], Any],
+    ) -> Any:
         try:
             return action(self.protocol(sink, run))
         except ContractViolationError:
             raise
         except Exception as exc:
-            raise _violation(
-                self.check, f"run {run}, batch {batch}, on the driver: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _violation(self.check, f"{where}: {type(exc).__name__}: {exc}") from exc
         finally:
             sink.close()
 
@@ -382,8 +399,6 @@ def check_2pc_cancel(subject: Subject) -> None:
     asking) settles batch 1: batch 0 visible once, batch 1's task all or nothing (rolled
     back by a two-phase sink, kept once by one whose prepare makes rows visible), nothing in
     doubt."""
-    from epochal.parts.settling import build_sink
-
     run = TwoPhaseRun(subject, "2pc-cancel")
     if not run.exactly_once:  # at-least-once tasks commit their own: nothing to settle
         return
@@ -395,19 +410,7 @@ def check_2pc_cancel(subject: Subject) -> None:
     ]
     run.commit(1, 0, first)
     run.prepare(run=1, batch=1, partition=0, attempt=0, records=batches[1][0])
-    part = run.part  # the driver died; the operator cancels the job
-    sink = build_sink(part.connector, part.part_id, part.job, part.options, part.incarnation)
-    try:
-        protocol, _ = two_phase_commit(
-            run.store, sink, part.job, part.part_id, incarnation=part.incarnation, run=None
-        )
-        protocol.recover()
-    except Exception as exc:
-        raise _violation(
-            run.check, f"settling the cancelled job's sink: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        sink.close()
+    run.as_operator(lambda protocol: protocol.recover())  # the driver died; a cancel
     # a sink whose prepare makes a task's rows visible (Kafka's: a replay skips what a task
     # committed) keeps them; a two-phase one rolls them back. Never a part of a task's rows
     undecided = _keys(batches[1][0])
