@@ -52,8 +52,11 @@ class RealFailures:
        sources' close and abort paths run); nothing is left in doubt. Supervisor D resumes
        the job and finishes it.
 
-    All along, records keep arriving (:class:`KeepProducing`: before, during and after each
-    fault, across the take-over), and the job's parallelism changes at each new supervisor:
+    Records keep arriving (:class:`KeepProducing`) through A's death, B's run and pause and
+    the take-over; the last arrive before C starts (C reads at the available-now trigger, up
+    to what its query finds at its start, so a record given after C's last query start could
+    never be read: :meth:`KeepProducing.finish`), and the graceful stop's burst arrives while
+    C runs. The job's parallelism changes at each new supervisor:
     its source's batches get 2 tasks under A, 4 under B, 1 under C and D
     (``minRecordsPerTask``), so C recovers the transactions of B's writers that are gone.
     """
@@ -123,6 +126,8 @@ class RealFailures:
         paused_at = float(zombie["at"])
         if pause.point in EXECUTOR_POINTS:
             elsewhere(self.jobdir)
+        if self.producer is not None:  # C's first query starts after the last record
+            self.producer.finish()
         set_tasks(self.jobdir, 1)
         third = self._supervise("c")
         try:
@@ -437,6 +442,17 @@ class KeepProducing:
             self.ids += ids
             self.next += count
             self.produced += count
+
+    def finish(self, timeout: float = 120.0) -> None:
+        """Wait until the thread gave its ``limit`` records (it stops by itself there). A job
+        at the available-now trigger reads up to what its query found at its start: records
+        that arrive after the last query start of a run that then finishes are never read,
+        so the kit lets the input end before the last driver (C) starts."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(
+                f"the producer gave {self.produced} of {self.limit} records in {timeout:.0f} s"
+            )
 
     def burst(self, count: int) -> None:
         """Give the source ``count`` more records at once (whether the thread runs or not)."""

@@ -21,10 +21,12 @@ and once (the split brain) while the old driver still lives.
    ``awaitTermination()``: its job must show ``COMPLETED`` at the last batch of Spark's
    commit log (an application that uses epochal's formats).
 
-All along, records keep arriving (:class:`~epochal.testing.real_failures.KeepProducing`),
-and each start of the application gives the source's batches another number of tasks (2 for
-A, 4 for B, 1 from C on): a full batch arrives before B starts, so the batch B is paused in
-has 4 writers prepared, and C, with one, must settle what the writers that are gone left.
+Records keep arriving (:class:`~epochal.testing.real_failures.KeepProducing`) through A's
+death, B's run and pause and the take-over, the last before C starts
+(:meth:`~epochal.testing.real_failures.KeepProducing.finish`), and each start of the
+application gives the source's batches another number of tasks (2 for A, 4 for B, 1 from C
+on): a full batch arrives before B starts, so the batch B is paused in has 4 writers
+prepared, and C, with one, must settle what the writers that are gone left.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class SessionFailures:
         assert lease is not None
         zombie_epoch, last_renewal = lease.epoch, lease.renewed
         committed = self._commits()
+        if self.producer is not None:  # C's first query starts after the last record
+            self.producer.finish()
         self._tasks(1)
         third, third_token = self._start("c")
         wait_for(
