@@ -104,8 +104,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         self.schema = schema
         self._source: ReplayableSource | None = None
         self._until: dict | None = None
-        self._planned: dict | None = None  # the end of the last batch planned here
-        self._spark_end: dict | None = None  # the same as Spark's offset log has it
+        self._planned: dict | None = None  # the last batch's end, as Spark's offset log has it
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -114,7 +113,6 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
             "_source": None,
             "_until": None,
             "_planned": None,
-            "_spark_end": None,
         }
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -144,7 +142,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         given = start
         with protocol_step(self.part, None, "plan the next batch (latest offsets)"):
             if start is None:
-                start = self._planned
+                start = _offsets(self._planned)
                 latest = self._latest_without_limit()
             else:
                 start = _offsets(start) or {}
@@ -167,8 +165,8 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         :data:`TASKS_KEY`): without a start to return (no admission control, pyspark 4.0
         and 4.1) an end that differs from the log's only by that key is a new offset to
         Spark, which would run an empty batch after every batch."""
-        if self._spark_end is not None and _offsets(self._spark_end) == latest:
-            return dict(self._spark_end)
+        if self._planned is not None and _offsets(self._planned) == latest:
+            return dict(self._planned)
         return latest
 
     def _latest_without_limit(self) -> dict:
@@ -178,7 +176,7 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
         :meth:`partitions` starts one missing from the batch's start at its start."""
         if self._planned is None:
             return dict(self.source.latest_offsets(self.source.partitions()))
-        return self._latest(self._planned, None)
+        return self._latest(_offsets(self._planned) or {}, None)
 
     def _latest(self, start: dict, limit: Any) -> dict:
         partitions = list(self._until) if self._until is not None else self.source.partitions()
@@ -197,12 +195,11 @@ class ReplayableReader(DataSourceStreamReader, _AvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         tasks = end.get(TASKS_KEY)
-        self._spark_end = dict(end)
+        self._planned = dict(end)
         start, end = _offsets(start) or {}, _offsets(end) or {}
         missing = [p for p in end if p not in start]  # only without admission control
         if missing:
             start = {**self.source.initial_offsets(missing), **start}
-        self._planned = dict(end)
         splits = self.source.splits(start, end)
         return [SplitPartition(group) for group in group_splits(splits, tasks)]
 
