@@ -265,3 +265,23 @@ def test_status_of_a_stopped_job_shows_a_released_lease_and_no_standby(
     assert "standby" not in text
     status["phase"] = "running"
     assert "standby driver pid 9 warming up for 94.9s" in render(status)
+
+
+def test_a_part_keeps_its_newest_batches_and_their_task_shares_only(
+    jobdir: JobDirectory,
+) -> None:
+    """Per batch, a part keeps its values and its tasks' shares for the newest
+    ``METRIC_BATCHES`` batches only, however long the job runs; the totals keep counting."""
+    from epochal.state import retention
+
+    batches = retention.METRIC_BATCHES * 3
+    for batch in range(batches):
+        for task in range(4):
+            values = {"records_committed": 5, "records_in": 5}
+            recording.report(jobdir.path, "source", SOURCE, "map", batch, values, task=task)
+    state = recording.collect(jobdir.path, batches - 1, None, jobdir.load().created)
+    part = state["parts"][f"source-{SOURCE}"]
+    assert len(part["batches"]) == retention.METRIC_BATCHES
+    assert part["batches"][0]["batch"] == batches - retention.METRIC_BATCHES
+    assert all(len(b["shares"]["records_committed"]) == 4 for b in part["batches"])
+    assert part["totals"]["records_committed"] == batches * 4 * 5
