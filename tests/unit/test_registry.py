@@ -236,3 +236,32 @@ def test_a_part_id_does_not_change_with_the_checkpoint() -> None:
     first = registry.part_id("map", {"path": "x", "checkpointLocation": "/j/epochs/1/checkpoint"})
     again = registry.part_id("map", {"path": "x", "checkpointLocation": "/j/epochs/2/checkpoint"})
     assert first == again == registry.part_id("map", {"path": "x"})
+
+
+def test_part_id_leaves_out_the_runtime_tuning_of_a_part() -> None:
+    """The guarantee, admission control, tasks per batch, receive timeout and dedupe window
+    tune how the runtime drives a part, not what it reads or writes: changing one keeps the
+    id, and with it the part's stored batches, dedupe ids and decisions."""
+    plain = registry.part_id("map", {"map": "events"})
+    for name in registry.TUNING_OPTIONS:
+        assert registry.part_id("map", {"map": "events", name: "7"}) == plain, name
+    tuned = {"map": "events", "MaxRecordsPerBatch": "9", "guarantee": "at-least-once"}
+    assert registry.part_id("map", tuned) == plain
+    assert {
+        "guarantee",
+        "maxrecordsperbatch",
+        "minrecordspertask",
+        "receivetimeoutms",
+        "dedupewindowbatches",
+        "dedupewindowids",
+    } == registry.TUNING_OPTIONS
+
+
+def test_ids_of_parts_without_tuning_options_are_the_ids_they_had() -> None:
+    """Golden ids (computed by the runtime before tuning options were left out)."""
+    assert registry.part_id("map", {"name": "orders"}) == "map-b62bd9e21b"
+    assert registry.part_id("map", {"map": "events", "path": "/d/m.sqlite"}) == "map-2f43f763df"
+    assert registry.is_options_id("map", "map-b62bd9e21b")
+    assert not registry.is_options_id("map", "orders")
+    assert not registry.is_options_id("map", "kafka-b62bd9e21b")
+    assert not registry.is_options_id("map", "map-b62bd9e21b0")

@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from epochal.parts import registry
 from epochal.state.store import SnapshotStore
 from epochal_sdk import ConfigError
 
@@ -81,6 +82,36 @@ def read_parts(store: SnapshotStore) -> dict[str, PartRecord]:
             name = key.rsplit("/", 1)[1]
             out[name] = PartRecord.from_json(name, dict(store.read_json(key)))
     return out
+
+
+def part_id_in_job(
+    store: SnapshotStore | None, kind: str, connector: str, options: dict[str, str]
+) -> str:
+    """The id of connector ``connector``'s ``kind`` part with these options in the job whose
+    store is ``store`` (None: a query without one): :func:`~epochal.parts.registry.part_id`,
+    unless the job already records this part under another id its options gave, which it
+    then keeps: earlier runtimes hashed a part's tuning options (now
+    :data:`~epochal.parts.registry.TUNING_OPTIONS`) into its id, and its stored batches,
+    dedupe ids, decisions and transaction ids are under that id. A record is this part's
+    when it names the same kind and connector, its recorded options give today's id (the
+    same target; tuning aside) and its id has the shape options give (never an
+    ``epochal.id``). Called on the driver when a query plans the part; reads the part
+    records only while the job has none under today's id."""
+    current = registry.part_id(connector, options)
+    if store is None or {k.lower(): v for k, v in options.items()}.get("epochal.id"):
+        return current
+    if store.exists(f"{PARTS}/{kind}-{current}"):
+        return current
+    for record in sorted(read_parts(store).values(), key=lambda r: r.part_id):
+        if (
+            record.kind == kind
+            and record.connector == connector
+            and record.part_id != current
+            and registry.is_options_id(connector, record.part_id)
+            and registry.part_id(connector, record.options) == current
+        ):
+            return record.part_id
+    return current
 
 
 def forget_part(store: SnapshotStore, kind: str, part_id: str) -> None:

@@ -350,10 +350,35 @@ def target_of(name: str, kind: str, options: Options) -> dict[str, str]:
     return secrets.recordable({str(k): str(v) for k, v in found.items()})
 
 
+TUNING_OPTIONS = frozenset(name.lower() for name in PART_OPTIONS.union(*CONTRACT_OPTIONS.values()))
+"""The runtime's options of a part (lower case): they tune how the runtime drives it (its
+guarantee, admission control, tasks per batch, receive timeout, dedupe window), not what it
+reads or writes, so none is part of its id: changing one keeps the part's snapshot entries
+(an acknowledging source's stored batches and dedupe ids, a sink's decisions)."""
+
+
+def _identity(name: str, options: Mapping[str, str]) -> dict[str, str]:
+    """The options that say what a part reads or writes (lower-case names): its user options
+    without secrets (:func:`~epochal.base.secrets.without_secrets`)."""
+    user = {
+        k.lower(): v
+        for k, v in options.items()
+        if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
+    }
+    return secrets.without_secrets(user, declared_secrets(name))
+
+
+def _digest_id(name: str, identity: Mapping[str, str]) -> str:
+    digest = hashlib.sha1(json.dumps(dict(identity), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{name}-{digest}"
+
+
 def part_id(name: str, options: Mapping[str, str]) -> str:
     """A stable id for one source or sink of a query: ``epochal.id`` if given, else the
-    connector name and a hash of its options (the same options give the same id after a
-    restart, so the snapshot entries are found again)."""
+    connector name and a hash of the options that say what it reads or writes: not
+    :data:`TUNING_OPTIONS`, Spark's own or secrets (the same target gives the same id after
+    a restart, so the snapshot entries are found again). A part a job knows under the id an
+    earlier runtime gave it keeps that id (:func:`epochal.parts.records.part_id_in_job`)."""
     explicit = {k.lower(): v for k, v in options.items()}.get("epochal.id")
     if explicit:
         if not _SAFE_ID.match(explicit):
@@ -365,14 +390,14 @@ def part_id(name: str, options: Mapping[str, str]) -> str:
                 "transaction ids).",
             )
         return explicit
-    user = {
-        k.lower(): v
-        for k, v in options.items()
-        if not k.lower().startswith("epochal.") and k.lower() not in SPARK_OWN_OPTIONS
-    }
-    identity = secrets.without_secrets(user, declared_secrets(name))
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{name}-{digest}"
+    identity = _identity(name, options)
+    return _digest_id(name, {k: v for k, v in identity.items() if k not in TUNING_OPTIONS})
+
+
+def is_options_id(name: str, part_id: str) -> bool:
+    """Whether ``part_id`` has the shape of an id connector ``name``'s options give (the
+    name and a 10-digit hash; every runtime's), not one a user gave with ``epochal.id``."""
+    return re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{10}}", part_id) is not None
 
 
 def declared_secrets(name: str) -> frozenset[str]:

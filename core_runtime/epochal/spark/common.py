@@ -15,7 +15,7 @@ from epochal.base import secrets
 from epochal.metrics import recording
 from epochal.parts import registry
 from epochal.parts.job_context import JobContext
-from epochal.parts.records import PartRecord, check_target
+from epochal.parts.records import PartRecord, check_target, part_id_in_job
 from epochal.spark import worker_gc
 from epochal_sdk import ConnectorContext, Guarantee, Options, Schema
 from epochal_sdk.context import Metrics
@@ -91,6 +91,22 @@ class Part:
     entry_point: str = ""
     """The connector plugin's entry point value as the driver found it ("": search for it);
     see :func:`epochal.parts.registry.connector`."""
+
+    @classmethod
+    def in_job(
+        cls,
+        kind: str,
+        connector: str,
+        options: dict[str, str],
+        context: JobContext,
+        entry_point: str = "",
+    ) -> Part:
+        """Connector ``connector``'s ``kind`` (``"source"`` or ``"sink"``) part of the job of
+        ``context``, with the id the job knows it by (:func:`~epochal.parts.records.
+        part_id_in_job`). On the driver, where a query plans it."""
+        store = context.store(connector) if context.job_dir else None
+        part_id = part_id_in_job(store, kind, connector, options)
+        return cls(connector, options, part_id, context, entry_point=entry_point)
 
     @property
     def label(self) -> str:

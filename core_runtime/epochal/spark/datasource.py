@@ -66,11 +66,11 @@ class EpochalDataSource(DataSource):
     def name(cls) -> str:
         return FORMAT_PREFIX + cls.connector_name
 
-    def _part(self) -> Part:
-        return Part(
+    def _part(self, kind: str) -> Part:
+        return Part.in_job(
+            kind,
             self.connector_name,
             self.options,
-            registry.part_id(self.connector_name, self.options),
             self.context,
             entry_point=self.connector_entry_point,
         )
@@ -78,7 +78,7 @@ class EpochalDataSource(DataSource):
     def schema(self) -> str:
         registry.check_options(self.connector_name, "source", self.options)
         with _job_start_checks(self.context):
-            source = self._part().build_source()
+            source = self._part("source").build_source()
             try:
                 return source.schema()
             finally:
@@ -93,7 +93,7 @@ class EpochalDataSource(DataSource):
         registry.check_options(self.connector_name, "source", self.options)
         _refuse_what_the_session_check_refused(self.context)
         self._streaming()
-        part = self._part()
+        part = self._part("source")
         with _job_start_checks(self.context):
             part.check_target("source")
             source = part.build_source()
@@ -120,7 +120,7 @@ class EpochalDataSource(DataSource):
         registry.check_options(self.connector_name, "sink", self.options)
         _refuse_what_the_session_check_refused(self.context)
         self._streaming()
-        part = self._part()
+        part = self._part("sink")
         fields = sdk_schema(schema)
         first_plan = _planning_worker() and _first_plan_of_run(part)
         with _job_start_checks(self.context, first_plan):

@@ -153,12 +153,7 @@ class ForeachBatchWriter:
         context = JobContext.current(self.options).holding_the_lease(
             self.options, session_driver(spark)
         )
-        part = Part(
-            self.connector,
-            self.options,
-            registry.part_id(self.connector, self.options),
-            context,
-        )
+        part = Part.in_job("sink", self.connector, self.options, context)
         fields = sdk_schema(frame.schema)
         sink = part.build_sink()
         try:

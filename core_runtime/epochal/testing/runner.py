@@ -257,7 +257,7 @@ def run_case(
         wrong_typed=wrong_typed,
         ending=ending,
         metric_committed=metric,
-        source_metric_committed=source_committed_metric(jobdir),
+        source_metric_committed=committed_metric(jobdir, "source"),
     )
 
 
@@ -267,15 +267,6 @@ def committed_metric(jobdir: JobDirectory, kind: str = "sink") -> float | None:
     ``epochal_records_committed_total``."""
     found = _committed_counters(jobdir, kind)
     return sum(found) if found else None
-
-
-def source_committed_metric(jobdir: JobDirectory) -> float | None:
-    """The job's source part's ``records_committed`` counter; None when no source part
-    reported one (a source of Spark's own) or when the source was several parts: its options
-    changed between runs (the kit changes ``minRecordsPerTask``), which gives it a new part
-    id, and a batch replayed across the change counts in both."""
-    found = _committed_counters(jobdir, "source")
-    return found[0] if len(found) == 1 else None
 
 
 def _committed_counters(jobdir: JobDirectory, kind: str) -> list[float]:

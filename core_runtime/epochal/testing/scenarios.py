@@ -109,8 +109,8 @@ class Outcome:
     """The sink parts' ``records_committed`` counter at the end (None: none reported)."""
     source_metric_committed: float | None = None
     """The source part's ``records_committed`` counter at the end (None: none reported, as
-    for a source of Spark's own, or the source was several parts: see
-    :func:`~epochal.testing.runner.source_committed_metric`)."""
+    for a source of Spark's own). The kit's change of parallelism keeps the source's part id
+    (``minRecordsPerTask`` is a tuning option), so a batch replayed across it counts once."""
     ending: JobStatus = JobStatus.COMPLETED
     """How the job was meant to end: ``COMPLETED`` (an available-now run), ``SUSPENDED`` (a
     processing-time run, stopped once it caught up; see :mod:`epochal.testing.runner`)."""

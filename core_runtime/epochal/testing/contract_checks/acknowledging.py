@@ -266,9 +266,10 @@ def check_ack_crash_before_store(subject: Subject) -> None:
 
 
 def check_ack_crash_before_ack(subject: Subject) -> None:
-    """The runtime stores batches and its process dies before acknowledging them: the
-    redeliveries are dropped by ID (nothing stored twice), and the acknowledgements after the
-    snapshot settle the source."""
+    """The runtime stores batches and its process dies before acknowledging them; the job
+    comes back with its tuning options changed (:data:`RETUNED`): the part keeps its id, so
+    the redeliveries are dropped by ID (nothing stored twice), and the acknowledgements after
+    the snapshot settle the source."""
     check = "ack-crash-before-ack"
     run = AckRun(subject, check)
     produced = run.produce(range(30))
@@ -281,29 +282,48 @@ def check_ack_crash_before_ack(subject: Subject) -> None:
         store=run.store_path,
     )
     markers = run.produce(range(30, 35))
+    stored_first, _ = run.stored(1, first["last"])
+    first_id = run.part.part_id
+    run.part = run.part.with_options({**run.part.options, **RETUNED})
     source = _open(run.part, 2, 100)
     try:
         protocol = AckProtocol(run.store, source, run.part.part_id, arrow_schema(source.schema()))
         # the redeliveries of the stored batches are dropped by ID, not stored again: only
         # the markers are new
-        last, _ = run.store_until(protocol, first["last"], markers, markers)
-        stored, _ = run.stored(1, last)
+        last, stored_again = run.store_until(protocol, first["last"], markers, markers)
+        stored = stored_first + stored_again
         lost = (produced | markers) - set(stored)
         if lost:
             raise _violation(check, f"records never stored: {_first(lost)}")
         doubled = {i: n for i, n in Counter(stored).items() if n > 1}
         if doubled and run.exactly_once:
+            why = (
+                f"the part's id changed with its tuning options ({first_id} -> "
+                f"{run.part.part_id}), so the runtime looked for them under another id"
+                if run.part.part_id != first_id
+                else "their redeliveries carried IDs the runtime had not stored, so it could "
+                "not drop them (a message's ID must be the same on every delivery)"
+            )
             raise _violation(
                 check,
                 f"{len(doubled)} records were stored again after the restart (IDs "
-                f"{_first(doubled)}): their redeliveries carried IDs the runtime had not "
-                "stored, so it could not drop them (a message's ID must be the same on every "
-                "delivery): duplicates under exactly-once",
+                f"{_first(doubled)}): {why}: duplicates under exactly-once",
             )
         protocol.commit(last)
     finally:
         source.close()
     run.settled()
+
+
+RETUNED = {
+    "maxRecordsPerBatch": "7",
+    "receiveTimeoutMs": "250",
+    "dedupeWindowBatches": "50",
+    "guarantee": "exactly-once",
+}
+"""The tuning options ``ack-crash-before-ack``'s second run has: what an operator changes on a
+running job (admission control, the receive timeout, the dedupe window, a guarantee written
+out). None says what the source reads, so the part keeps its id and its stored batches."""
 
 
 def check_ack_settles_those(subject: Subject) -> None:

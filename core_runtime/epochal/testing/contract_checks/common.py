@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -118,6 +118,13 @@ class Part:
             f"contract-{uuid.uuid4().hex[:8]}",
             registry.part_id(connector, options),
             new_incarnation(time.time()),
+        )
+
+    def with_options(self, options: dict[str, str]) -> Part:
+        """This part of the same job with other options, under the id the runtime gives them
+        (the job records no part, so it is :func:`~epochal.parts.registry.part_id`)."""
+        return replace(
+            self, options=dict(options), part_id=registry.part_id(self.connector, options)
         )
 
     def context(
