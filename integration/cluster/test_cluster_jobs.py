@@ -65,6 +65,18 @@ def _task_on(job: ClusterJob, worker_pid: int, from_batch: int) -> dict[str, Any
     return None
 
 
+def _task_running(job: ClusterJob, from_batch: int, lost_worker: int) -> dict[str, Any] | None:
+    """A task attempt of batch ``from_batch`` or later that runs now (started, not ended) in
+    the marking step, on a worker other than the lost one (whose tasks never end)."""
+    ended = {(m["batch"], m["partition"], m["attempt"], m["pid"]) for m in job.end_markers()}
+    for marker in job.start_markers():
+        key = (marker["batch"], marker["partition"], marker["attempt"], marker["pid"])
+        alive = lost_worker not in marker["chain"]
+        if alive and key not in ended and marker["batch"] >= from_batch:
+            return marker
+    return None
+
+
 def _assert_exactly_once(job: ClusterJob, record: Any) -> None:
     assert record.status == JobStatus.COMPLETED, f"{record.failure}\n{job}"
     lost, duplicated = job.counted()
@@ -90,7 +102,7 @@ def test_exactly_once_through_a_lost_worker_and_a_killed_driver(
     cluster_job: Callable[..., ClusterJob], spark_cluster: SparkCluster, tmp_path: Path
 ) -> None:
     spark_cluster.require_faults()
-    job = cluster_job(records=1200, per_batch=100, task_seconds=0.3)
+    job = cluster_job(records=1800, per_batch=100, task_seconds=0.3)  # batches to spare
     notes: list[str] = []
     started = time.monotonic()
     job.start()
@@ -142,10 +154,17 @@ def test_exactly_once_through_a_lost_worker_and_a_killed_driver(
     assert job.jobdir.lease.read().owner == owner
     notes.append("a second supervisor was refused while the lease was fresh")
 
-    # -- the driver killed -------------------------------------------------------------------
+    # -- the driver killed in the middle of a batch -------------------------------------------
+    # (with a task of an uncommitted batch running, so the new driver has that batch to
+    # commit however few batches the job had left when it got here)
     at = job.batch()
-    job.wait_for(lambda r: r.progress.get("batch", -1) >= at + 1, "another batch", 180)
+    running = job.wait_for(
+        lambda r: _task_running(job, max(at, r.progress.get("batch", -1)) + 1, victim_pid),
+        "a task of a batch after the last committed one",
+        180,
+    )
     killed = _kill_driver(job)
+    notes.append(f"driver killed while batch {running['batch']} ran")
     killed_at = time.monotonic()
     restarted = job.wait_for(
         lambda r: next(
