@@ -149,7 +149,8 @@ def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_batch_timeline_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
     """Every way's batches are taken apart: epochal's ways show their sink tasks' steps and
-    the driver's commit (from epochal's timeline), Spark's pair only Spark's own parts."""
+    the driver's commit (from epochal's timeline), Spark's pair and PySpark's floor only
+    Spark's own parts."""
     output = run_bench("batch_timeline", tmp_path, kafka_env(kafka_server))
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
@@ -157,15 +158,16 @@ def test_batch_timeline_bench(kafka_server: KafkaServer, tmp_path: Path) -> None
         if line.startswith("| ")
     }
     header = rows["ms per batch (mean)"]
-    assert header == ["2 p EO", "2 p fast EO", "2 p ALO", "2 p Spark"], header
+    assert header == ["2 p EO", "2 p fast EO", "2 p ALO", "2 p Spark", "2 p PySpark floor"], header
     steps = [r for r in rows if r.startswith("addBatch: ") and r != "addBatch: task run"]
     python = ("Python worker hand-off", "sink start", "first rows", "more rows", "writing")
     marked = {
         way: sum(int(rows[r][n]) for r in steps if r.removeprefix("addBatch: ") in python)
         for n, way in enumerate(header)
     }  # epochal's timeline: only epochal's ways have steps in a Python worker
-    assert all(marked[w] > 0 for w in header[:3]) and marked["2 p Spark"] == 0, marked
-    assert int(rows["addBatch: task run"][3]) > 0, rows
+    assert all(marked[w] > 0 for w in header[:3]), marked
+    assert marked["2 p Spark"] == marked["2 p PySpark floor"] == 0, marked
+    assert int(rows["addBatch: task run"][3]) > 0 and int(rows["addBatch: task run"][4]) > 0, rows
 
 
 @pytest.mark.timeout(900)

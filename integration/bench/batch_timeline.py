@@ -37,11 +37,14 @@ from typing import Any
 
 from epochal.metrics import timeline
 from epochal.spark import ordered_kafka
+from epochal_sdk.sources import MIN_RECORDS_PER_TASK
+from integration.bench import floor_source
 from integration.bench.common import SMOKE_HELP, bench_session, machine, rotated, smoke_run
 from integration.bench.kafka_bench import (
     AT_LEAST_ONCE,
     BUILTIN,
     EXACTLY_ONCE,
+    VALUE_BYTES,
     Bench,
     bench_place,
     kept_producers,
@@ -51,7 +54,10 @@ from integration.bench.kafka_bench import (
 
 FAST_PATH = "fast path → epochal exactly-once"
 """Spark's JVM Kafka source in one order (``kafka-ordered``) into epochal's Kafka sink."""
-WAYS = (EXACTLY_ONCE, FAST_PATH, AT_LEAST_ONCE, BUILTIN)
+FLOOR = "PySpark floor: Python source → Python sink"
+"""PySpark's own Python data source path with nothing in it (:mod:`integration.bench.
+floor_source`): the records made in memory, counted by the sink; no broker, no epochal."""
+WAYS = (EXACTLY_ONCE, FAST_PATH, AT_LEAST_ONCE, BUILTIN, FLOOR)
 
 SPARK_PHASES = ("latestOffset", "walCommit", "queryPlanning", "getBatch", "commitOffsets")
 """Spark's trigger phases outside ``addBatch``, from its progress reports."""
@@ -241,10 +247,19 @@ class Timelines(Bench):
         }
         self.spark = bench_session("epochal-batch-timeline", ["kafka"], **conf)
         self.status = StatusApi(self.spark)
+        floor_source.register(self.spark, VALUE_BYTES, MIN_RECORDS_PER_TASK)
 
     def _plan(
         self, variant: str, source: str, out: str, limit: int, turn: str
     ) -> tuple[Any, str, dict[str, str], str]:
+        if variant == FLOOR:
+            reader = (
+                self.spark.readStream.format(floor_source.FORMAT)
+                .option("records", str(self.records))
+                .option("perBatch", str(limit))
+                .load()
+            )
+            return reader, floor_source.FORMAT, {}, f"{self.workdir}/cp-floor-{turn}"
         if variant != FAST_PATH:
             reader, fmt, options, checkpoint = super()._plan(variant, source, out, limit, turn)
             if variant != BUILTIN:
@@ -305,7 +320,7 @@ class Timelines(Bench):
 def _job_dir(workdir: str, way: str, turn: str) -> str | None:
     """The job directory of a way's query (epochal's ways; the names ``Bench._plan`` and
     :meth:`Timelines._plan` give)."""
-    if way == BUILTIN:
+    if way in (BUILTIN, FLOOR):
         return None
     if way == FAST_PATH:
         return f"{workdir}/snap/timeline-fast-{turn}"
@@ -326,7 +341,13 @@ def table(results: dict[tuple[int, str], list[BatchTimeline]]) -> str:
     """Mean ms per batch of each segment, a column per (partitions, way)."""
     columns = [key for key, batches in results.items() if batches]
     means = {key: mean_segments(results[key]) for key in columns}
-    short = {EXACTLY_ONCE: "EO", FAST_PATH: "fast EO", AT_LEAST_ONCE: "ALO", BUILTIN: "Spark"}
+    short = {
+        EXACTLY_ONCE: "EO",
+        FAST_PATH: "fast EO",
+        AT_LEAST_ONCE: "ALO",
+        BUILTIN: "Spark",
+        FLOOR: "PySpark floor",
+    }
     head = " | ".join(f"{p} p {short[w]}" for p, w in columns)
     lines = [f"| ms per batch (mean) | {head} |", "| --- |" + " ---: |" * len(columns)]
     for name in ("triggerExecution", *SPARK_PHASES, "addBatch"):
