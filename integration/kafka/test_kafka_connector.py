@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from epochal_kafka import KafkaSink, KafkaSource
-from epochal_kafka.marker import Marker, last_written, superseded
+from epochal_kafka.marker import Marker, last_written, read_marker, superseded
 from epochal_kafka.producers import PooledProducer, ProducerPool
 from epochal_kafka.source import DataLossError, partition_id
 from epochal_kafka.testing import produce_ids, read_to_end, unstable_partitions
@@ -27,6 +27,7 @@ from epochal_sdk import (
     Split,
 )
 from epochal_sdk.schema import Field
+from integration.harness._process import wait_until
 from integration.harness.kafka import KafkaServer
 
 pytestmark = [pytest.mark.integration]
@@ -251,7 +252,7 @@ def test_recovery_fences_a_lingering_transaction_at_once(
     prefix = _task(job, 0).transaction_prefix
     assert sink.in_doubt(RecoveryScope(prefix, "batch", 1)) == []  # per-batch: fences nothing
     assert unstable_partitions(kafka_server.bootstrap_servers, topic)
-    assert sink.in_doubt(RecoveryScope(prefix)) == []  # recovery: fences ids 0 and 1
+    assert sink.in_doubt(RecoveryScope(prefix)) == []  # recovery: fences every id
     assert unstable_partitions(kafka_server.bootstrap_servers, topic) == []
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
     assert values == ["1"]
@@ -276,20 +277,40 @@ def _worker(server: KafkaServer, topic: str) -> KafkaSink:
     return sink
 
 
-def test_a_worker_keeps_its_transactional_producer_across_batches(
+def test_a_worker_keeps_its_transactional_producers_across_batches(
     kafka_server: KafkaServer, make_topic: Any
 ) -> None:
-    """Tasks of one worker that write the same Spark partition use one producer: one
-    init_transactions() for four batches; each batch is written once."""
+    """Tasks of one worker that write the same Spark partition use one producer per slot of
+    its id (the batch's parity): two init_transactions() for six batches; each batch is
+    written once."""
     topic = make_topic(1)
     sink = _worker(kafka_server, topic)
     job = f"j{uuid.uuid4().hex[:8]}"
-    reused = [_commit(sink, _task(job, b), [b])["reused"] for b in range(4)]
-    assert reused == [False, True, True, True]
-    assert sink.pool.created == 1
-    assert sink.pool.idle() == [f"{_task(job, 0).transaction_prefix}.0"]
+    reused = [_commit(sink, _task(job, b), [b])["reused"] for b in range(6)]
+    assert reused == [False, False, True, True, True, True]
+    assert sink.pool.created == 2
+    prefix = _task(job, 0).transaction_prefix
+    assert sorted(sink.pool.idle()) == [f"{prefix}.0.0", f"{prefix}.0.1"]
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
-    assert values == ["0", "1", "2", "3"]
+    assert values == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_two_workers_that_take_turns_keep_their_producers(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """The task of epochal's own source runs in two Python workers that swap the reading and
+    the writing from one batch to the next: one writes the even batches, the other the odd
+    ones. Each keeps the producer of its slot, so after the first two batches no task makes
+    one (with one id per partition every task did: each new producer fenced the other
+    worker's)."""
+    topic = make_topic(1)
+    one, two = _worker(kafka_server, topic), _worker(kafka_server, topic)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    reused = [_commit((one, two)[b % 2], _task(job, b), [b])["reused"] for b in range(8)]
+    assert reused == [False, False, True, True, True, True, True, True]
+    assert one.pool.created == two.pool.created == 1
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == [str(b) for b in range(8)]
 
 
 def test_a_kept_producer_that_was_fenced_is_replaced_before_it_writes(
@@ -302,21 +323,59 @@ def test_a_kept_producer_that_was_fenced_is_replaced_before_it_writes(
     one, two = _worker(kafka_server, topic), _worker(kafka_server, topic)
     job = f"j{uuid.uuid4().hex[:8]}"
     assert _commit(one, _task(job, 0), [0])["reused"] is False
-    assert _commit(two, _task(job, 1), [1])["reused"] is False  # fences one's producer
+    assert _commit(two, _task(job, 2), [2])["reused"] is False  # slot 0: fences one's producer
     # The marker names two's producer: one drops its kept producer unused, makes a new one.
-    assert _commit(one, _task(job, 2), [2])["reused"] is False
+    assert _commit(one, _task(job, 4), [4])["reused"] is False
     assert one.pool.created == 2
     # Recovery (another process) fences the id; the marker still names one's producer, so
     # one tries it: send_offsets_to_transaction() is refused (fenced), before any record.
     recovery = _worker(kafka_server, topic)
     prefix = _task(job, 0).transaction_prefix
-    assert recovery.fence(prefix) == [f"{prefix}.0"]
-    assert _commit(one, _task(job, 3), [3])["reused"] is False
+    assert recovery.fence(prefix) == [f"{prefix}.0.0"]
+    assert _commit(one, _task(job, 6), [6])["reused"] is False
     assert one.pool.created == 3
-    assert _commit(one, _task(job, 4), [4])["reused"] is True
+    assert _commit(one, _task(job, 8), [8])["reused"] is True
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
-    assert values == ["0", "1", "2", "3", "4"]
+    assert values == ["0", "2", "4", "6", "8"]
     assert unstable_partitions(kafka_server.bootstrap_servers, topic) == []
+
+
+class _BeforeSlots(KafkaSink):
+    """The sink as releases before the slots had it: one ``transactional.id`` a partition."""
+
+    def transactional_id(self, task: ConnectorContext) -> str:
+        return str(task.writer_id)
+
+
+def test_a_batch_written_under_the_id_without_a_slot_is_not_written_again(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """A job that an earlier release ran wrote its batches under the partition's id without
+    a slot. After the upgrade the batch its driver left undecided is replayed under a slot:
+    the old id's marker says it is written, so nothing is written twice; the next batch is
+    written; recovery fences the old id too."""
+    topic = make_topic(1)
+    job = f"j{uuid.uuid4().hex[:8]}"
+    settings = {"kafka.bootstrap.servers": kafka_server.bootstrap_servers, "topic": topic}
+    before = _BeforeSlots(Options("kafka", settings))
+    before.pool = ProducerPool()
+    for batch in (0, 1):
+        assert _commit(before, _task(job, batch), [batch])["skipped"] is False
+    old_id = str(_task(job, 1).writer_id)
+    # the driver's restart takes seconds: by then the broker has the marker of batch 1 (it
+    # writes a transaction's offsets some milliseconds after the commit returned)
+    wait_until(
+        lambda: read_marker(before.config, old_id, str(before.marker_topic), 10).written("") == 1,
+        30,
+        "the marker of batch 1 under the id without a slot",
+    )
+    after = _worker(kafka_server, topic)
+    assert _commit(after, _task(job, 1), [1])["skipped"] is True
+    assert _commit(after, _task(job, 2), [2])["skipped"] is False
+    prefix = _task(job, 0).transaction_prefix
+    assert _worker(kafka_server, topic).fence(prefix) == [f"{prefix}.0", f"{prefix}.0.0"]
+    values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
+    assert values == ["0", "1", "2"]
 
 
 def test_a_zombie_attempt_cannot_commit_after_a_newer_attempt_took_over(
@@ -357,14 +416,14 @@ def test_a_kept_producer_that_saw_the_broker_go_away_is_replaced(
     sink = _worker(kafka_server, topic)
     job = f"j{uuid.uuid4().hex[:8]}"
     assert _commit(sink, _task(job, 0), [0])["reused"] is False
-    assert _commit(sink, _task(job, 1), [1])["reused"] is True
+    assert _commit(sink, _task(job, 2), [2])["reused"] is True
     kafka_server.stop()
     kafka_server.start()
-    assert _commit(sink, _task(job, 2), [2])["reused"] is False
+    assert _commit(sink, _task(job, 4), [4])["reused"] is False
     assert sink.pool.created == 2
-    assert _commit(sink, _task(job, 3), [3])["reused"] is True
+    assert _commit(sink, _task(job, 6), [6])["reused"] is True
     values = [m.value().decode() for m in read_to_end(kafka_server.bootstrap_servers, topic)]
-    assert values == ["0", "1", "2", "3"]
+    assert values == ["0", "2", "4", "6"]
 
 
 def test_a_producer_remembers_its_own_commits() -> None:

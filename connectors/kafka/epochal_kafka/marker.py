@@ -166,6 +166,25 @@ def read_marker(
     return Marker.parse(found.offset, found.metadata)
 
 
+_RETIRED: dict[tuple[Any, str, str], int] = {}
+"""The last batch each query committed under a retired id, as this worker read it (see
+:func:`retired_written`)."""
+
+
+def retired_written(
+    config: dict[str, Any], transactional_id: str, marker_topic: str, timeout: float, query: str
+) -> int:
+    """The last batch of ``query`` committed under ``transactional_id``, an id no task writes
+    under any more (a partition's id without its slot, as releases before the slots used it):
+    its marker no longer changes once the run that fenced it started, so each worker reads
+    it once (-1: none)."""
+    key = (client_config_key(config), transactional_id, query)
+    if key not in _RETIRED:
+        _RETIRED[key] = read_marker(config, transactional_id, marker_topic, timeout).written(query)
+        MARKERS.drop(config, transactional_id)
+    return _RETIRED[key]
+
+
 def register_marker(
     config: dict[str, Any], transactional_id: str, marker_topic: str, timeout: float
 ) -> None:

@@ -79,6 +79,34 @@ from epochal_sdk import (
 
 log = logging.getLogger("epochal.kafka.sink")
 
+SLOTS = 2
+"""How many ``transactional.id`` a Spark partition's writer takes turns with, batch by batch
+(:func:`transactional_id`)."""
+
+
+def transactional_id(writer: WriterId, batch: int) -> str:
+    """``<writer id>.<batch % SLOTS>``: the ``transactional.id`` of a partition's writer in
+    ``batch``. Every attempt and replay of a batch has the same, so a newer producer fences
+    an older one and its marker tells whether the batch is written. Consecutive batches
+    alternate: a task of epochal's own sources runs in two Python workers, one reading and
+    one writing, which swap roles from one batch to the next, so with one id per partition
+    each worker's new producer fenced the one the other kept; with the batch's parity in the
+    id each keeps its own (``docs/evidence/performance/timeline.md``)."""
+    return f"{writer}.{batch % SLOTS}"
+
+
+def writer_of(text: str, prefix: str) -> WriterId | None:
+    """The writer of ``text`` if it is a ``transactional.id`` of the sink with ``prefix``:
+    one of :func:`transactional_id`, or a writer id without a slot (what releases before
+    the slots used: recovery fences those too)."""
+    head, dot, tail = text.rpartition(".")
+    if dot and tail.isdigit():
+        found = WriterId.parse(head, prefix)
+        if found is not None:
+            return found
+    return WriterId.parse(text, prefix)
+
+
 INT32_MAX = 2**31 - 1
 """librdkafka's limit of ``transaction.timeout.ms`` (a 32-bit integer)."""
 MODES = ("transactional", "idempotent")
@@ -240,9 +268,10 @@ class KafkaSink(TransactionalSink, IdempotentSink):
     # -- exactly-once -------------------------------------------------------------------------
 
     def transactional_id(self, task: ConnectorContext) -> str:
-        """The task's writer id (:class:`~epochal_sdk.WriterId`, ``<prefix>.<partition>``):
-        stable across attempts and runs, so a newer producer fences an older one."""
-        return str(task.writer_id)
+        """The task's ``transactional.id`` (:func:`transactional_id`): the same for every
+        attempt and run of its batch, so a newer producer fences an older one."""
+        assert task.batch is not None, "a task's context has its batch"
+        return transactional_id(task.writer_id, task.batch)
 
     def begin(self, task: ConnectorContext) -> Transaction:
         """The Kafka transaction of one task (its session starts at once, in the background,
@@ -299,7 +328,7 @@ class KafkaSink(TransactionalSink, IdempotentSink):
                 f"kafka sink: listing consumer groups at {self.bootstrap} failed: "
                 f"{kafka_error(exc)}"
             ) from None
-        ids = sorted(g.group_id for g in groups.valid if WriterId.parse(g.group_id, prefix))
+        ids = sorted(g.group_id for g in groups.valid if writer_of(g.group_id, prefix))
         errors: list[BaseException] = []
 
         def one(transactional_id: str) -> None:

@@ -22,6 +22,7 @@ from epochal_kafka.marker import (
     last_written,
     read_marker,
     register_marker,
+    retired_written,
     superseded,
 )
 from epochal_kafka.producers import PooledProducer, client_config_key, init_transactions
@@ -50,10 +51,10 @@ class KafkaTransaction(RecordProducing, Transaction):
     marker; skip if this batch is written; else take this worker's kept producer of the id
     (unless the marker shows a later commit by another producer, whose
     ``init_transactions()`` fenced it), or make a new one (``init_transactions()``, then look
-    again); when the first record arrives, begin the transaction and add the marker
-    ``batch + 1`` to it before any record (``send_offsets_to_transaction``: a kept producer
-    that was fenced fails here and is replaced). ``write`` produces into it, ``prepare``
-    commits it. A task without records opens no transaction."""
+    again); begin the transaction and add the marker ``batch + 1`` to it before any record
+    (``send_offsets_to_transaction``: a kept producer that was fenced fails here and is
+    replaced), while the task's rows are still being read. ``write`` produces into it,
+    ``prepare`` commits it, or aborts it when the task had no records."""
 
     def __init__(self, sink: SinkSettings, task: ConnectorContext) -> None:
         super().__init__(sink)
@@ -73,10 +74,6 @@ class KafkaTransaction(RecordProducing, Transaction):
         self._abandoned = False
         """The session hung in a client call: it is left alone, its producer never kept."""
         self._call: tuple[str, float] = ("", 0.0)
-        self._rows = threading.Event()
-        """Set by the first record (open the transaction) or the end of the task (there are
-        none: ``_no_rows``)."""
-        self._no_rows = False
         self._failure: BaseException | None = None
         self._session = threading.Thread(target=self._start_quietly, daemon=True)
         self._session.start()  # overlaps the broker round trips with the task's reading
@@ -151,10 +148,7 @@ class KafkaTransaction(RecordProducing, Transaction):
             return True
         if marker.offset < 0:  # first use of this id: register it, so recovery fences it
             self._register()
-        self._rows.wait()  # the transaction is opened when the first record arrives
-        if self._no_rows:
-            return True  # a task without records commits nothing; the producer is kept
-        try:
+        try:  # opened now, while the task's rows are still being read (see ``prepare``)
             self._open(held)
         except KafkaException as exc:
             self._drop(held)
@@ -170,9 +164,11 @@ class KafkaTransaction(RecordProducing, Transaction):
 
     def _written(self, marker: Marker, held: PooledProducer | None) -> bool:
         """Whether this task's batch is already committed under this id: by the marker, or
-        by what ``held`` itself committed (its own last commit may not be readable yet).
-        Sets ``skipped``."""
-        written = last_written(marker, held, self.query_id)
+        by what ``held`` itself committed (its own last commit may not be readable yet), or
+        under the partition's id without a slot, which a job started before the slots wrote
+        its batches under (:func:`~epochal_kafka.marker.retired_written`). Sets
+        ``skipped``."""
+        written = max(last_written(marker, held, self.query_id), self._retired())
         if written >= self.batch:
             log.info(
                 "kafka sink: %s already committed batch %s (marker %s): writing nothing",
@@ -182,6 +178,16 @@ class KafkaTransaction(RecordProducing, Transaction):
             )
             self.skipped = True
         return self.skipped
+
+    def _retired(self) -> int:
+        sink = self.sink
+        retired = str(self.task.writer_id)
+        if retired == self.transactional_id:  # a sink that still writes under it
+            return -1
+        with self._calling("reading the batch marker of the id without a slot"):
+            return retired_written(
+                sink.config, retired, self.marker_topic, sink.timeout, self.query_id
+            )
 
     @property
     def marker_topic(self) -> str:
@@ -254,17 +260,10 @@ class KafkaTransaction(RecordProducing, Transaction):
 
     # -- the task's side ------------------------------------------------------------------
 
-    def _end_of_rows(self) -> None:
-        """No more records come: a session still waiting for the first one opens nothing."""
-        if not self._rows.is_set():
-            self._no_rows = True
-            self._rows.set()
-
     def write(self, batch: pyarrow.RecordBatch) -> None:
         """Produce the rows inside the transaction (nothing on a replay already written)."""
         if batch.num_rows == 0:
             return
-        self._rows.set()
         self._wait()
         if self.skipped:
             return
@@ -277,12 +276,15 @@ class KafkaTransaction(RecordProducing, Transaction):
     def prepare(self) -> dict[str, Any]:
         """Commit the Kafka transaction with the marker ``batch + 1`` (phase 1 = the Kafka
         commit): records and marker become visible to ``read_committed`` readers together. A
-        task without records commits nothing (no transaction was opened)."""
+        task without records commits nothing: the transaction the session opened while the
+        rows were read is aborted (opening it at the first record put the transaction's
+        round trips to the coordinators on the task's critical path)."""
         data = {"transactional_id": self.transactional_id, "batch": self.task.batch}
-        self._end_of_rows()
         self._wait()
         if self.skipped:
             return {**data, "records": 0, "skipped": True}
+        if self.open and self.rows == 0:
+            self.abort()
         if not self.open:
             return {**data, "records": 0, "skipped": False, "reused": self.reused}
         held = self.held
@@ -301,7 +303,6 @@ class KafkaTransaction(RecordProducing, Transaction):
     def abort(self) -> None:
         """Abort the open transaction (if that fails, the next ``init_transactions`` of this
         id aborts it; the producer is not kept)."""
-        self._end_of_rows()
         if self._abandoned:
             return
         try:
@@ -323,7 +324,6 @@ class KafkaTransaction(RecordProducing, Transaction):
     def close(self) -> None:
         """Give the producer back to this worker's pool if it is clean (no transaction open,
         no error met); drop it otherwise."""
-        self._end_of_rows()
         if not self._abandoned:
             with contextlib.suppress(BaseException):  # raised to the task already
                 self._wait()
