@@ -500,3 +500,27 @@ def test_source_yields_headers_as_array_of_structs(
     assert rows[0]["headers"] == [{"key": "a", "value": b"1"}, {"key": "b", "value": None}]
     assert rows[1]["headers"] is None and rows[1]["key"] is None
     assert [r["offset"] for r in rows] == [0, 1]
+
+
+def test_a_worker_remembers_a_bounded_number_of_retired_markers(
+    kafka_server: KafkaServer, make_topic: Any
+) -> None:
+    """The markers of ids without a slot that a worker has read are kept up to RETIRED_KEPT,
+    the oldest forgotten first, however many sinks, partitions and queries it wrote."""
+    from epochal_kafka import marker
+
+    sink = _worker(kafka_server, make_topic(1))
+    job = f"j{uuid.uuid4().hex[:8]}"
+    kept = dict(marker._RETIRED)
+    try:
+        marker._RETIRED.clear()
+        for number in range(marker.RETIRED_KEPT):
+            marker._RETIRED[((), f"filler-{number}", "")] = -1
+        retired = str(_task(job, 0).writer_id)
+        assert marker.retired_written(sink.config, retired, str(sink.marker_topic), 10, "") == -1
+        assert len(marker._RETIRED) == marker.RETIRED_KEPT
+        assert ((), "filler-0", "") not in marker._RETIRED
+        assert ((), f"filler-{marker.RETIRED_KEPT - 1}", "") in marker._RETIRED
+    finally:
+        marker._RETIRED.clear()
+        marker._RETIRED.update(kept)

@@ -168,7 +168,10 @@ def read_marker(
 
 _RETIRED: dict[tuple[Any, str, str], int] = {}
 """The last batch each query committed under a retired id, as this worker read it (see
-:func:`retired_written`)."""
+:func:`retired_written`): at most :data:`RETIRED_KEPT`, the oldest read forgotten first."""
+RETIRED_KEPT = 256
+"""How many retired ids' markers a Python worker remembers (one per Spark partition of each
+sink and query it wrote; one forgotten is read again when needed)."""
 
 
 def retired_written(
@@ -180,8 +183,11 @@ def retired_written(
     it once (-1: none)."""
     key = (client_config_key(config), transactional_id, query)
     if key not in _RETIRED:
-        _RETIRED[key] = read_marker(config, transactional_id, marker_topic, timeout).written(query)
+        written = read_marker(config, transactional_id, marker_topic, timeout).written(query)
         MARKERS.drop(config, transactional_id)
+        while len(_RETIRED) >= RETIRED_KEPT:
+            del _RETIRED[next(iter(_RETIRED))]
+        _RETIRED[key] = written
     return _RETIRED[key]
 
 
