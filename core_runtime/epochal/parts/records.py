@@ -98,7 +98,7 @@ def part_id_in_job(
     ``epochal.id``). Called on the driver when a query plans the part; reads the part
     records only while the job has none under today's id."""
     current = registry.part_id(connector, options)
-    if store is None or {k.lower(): v for k, v in options.items()}.get("epochal.id"):
+    if store is None or registry.explicit_part_id(options):
         return current
     if store.exists(f"{PARTS}/{kind}-{current}"):
         return current

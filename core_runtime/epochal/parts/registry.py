@@ -379,7 +379,7 @@ def part_id(name: str, options: Mapping[str, str]) -> str:
     :data:`TUNING_OPTIONS`, Spark's own or secrets (the same target gives the same id after
     a restart, so the snapshot entries are found again). A part a job knows under the id an
     earlier runtime gave it keeps that id (:func:`epochal.parts.records.part_id_in_job`)."""
-    explicit = {k.lower(): v for k, v in options.items()}.get("epochal.id")
+    explicit = explicit_part_id(options)
     if explicit:
         if not _SAFE_ID.match(explicit):
             raise ConfigError(
@@ -392,6 +392,11 @@ def part_id(name: str, options: Mapping[str, str]) -> str:
         return explicit
     identity = _identity(name, options)
     return _digest_id(name, {k: v for k, v in identity.items() if k not in TUNING_OPTIONS})
+
+
+def explicit_part_id(options: Mapping[str, str]) -> str | None:
+    """The ``epochal.id`` option (any case), if given and not empty."""
+    return {k.lower(): v for k, v in options.items()}.get("epochal.id") or None
 
 
 def is_options_id(name: str, part_id: str) -> bool:
