@@ -87,12 +87,15 @@ RATIOS = (
     (EXACTLY_ONCE, BUILTIN),
     (AT_LEAST_ONCE, LOOP),
 )
-"""(numerator, denominator) of the ratios printed; the first two have targets."""
+"""(numerator, denominator) of the ratios printed; the first three have targets."""
 TARGETS = {
     f"{EXACTLY_ONCE} / {AT_LEAST_ONCE}": 0.95,
     f"{AT_LEAST_ONCE} / {BUILTIN}": 1.0,
+    f"{EXACTLY_ONCE} / {BUILTIN}": 0.95,
 }
-"""The targets of issue 12, drawn in the plot."""
+"""The targets, drawn in the plot: exactly-once costs at most 5 % over at-least-once, and
+epochal's Kafka source path keeps up with Spark's JVM connector (at-least-once at 1.0, the
+exactly-once copy at 0.95)."""
 
 SPARK_KAFKA_VERSION = "4.2.0"
 """spark-sql-kafka-0-10_2.13 4.3.0 (matching pyspark 4.3.0) is not on Maven Central; 4.2.0 is

@@ -119,8 +119,23 @@ TARGETS = {
     f"p99 {FB_IN_ORDER} / {SPARK_KAFKA}": 1.2,
     f"p99 {EXACTLY_ONCE} / {PYFLINK}": 1.0,
 }
-"""The target: exactly-once p99 latency <= 1.2x Spark's own at-least-once pair's, at the same
-rate and trigger."""
+"""The targets under a trigger interval: exactly-once p99 latency <= 1.2x Spark's own
+at-least-once pair's at the same rate and trigger, and <= PyFlink's exactly-once p99 with its
+checkpoint interval equal to the trigger interval."""
+ASAP_TARGETS = {
+    f"p99 {EXACTLY_ONCE} / {SPARK_KAFKA}": 2.0,
+    f"p99 {FAST_IN_ORDER} / {SPARK_KAFKA}": 2.0,
+    f"p99 {FB_IN_ORDER} / {SPARK_KAFKA}": 2.0,
+}
+"""The targets as fast as possible (trigger 0): exactly-once p99 <= 2x Spark's pair's (a
+batch's fixed cost is the whole of a record's wait there)."""
+
+
+def targets(trigger: float) -> dict[str, float]:
+    """The p99 ratio targets under ``trigger`` (seconds; 0: as fast as possible)."""
+    return ASAP_TARGETS if trigger == 0 else TARGETS
+
+
 STAMP_DIGITS = 13
 """The value starts with the record's Kafka timestamp (ms) in this many digits."""
 FIGURES = ("p50", "p99", "max")
@@ -486,11 +501,12 @@ def report(runs: list[Run], triggers: list[float]) -> str:
             for name in FIGURES:
                 lines.append(f"    {name:4} {spread(per_round(runs, trigger, way, name))}")
         lines.append("  ratios of p99 within each round (lower is better):")
+        goals = targets(trigger)
         for label, values in ratio_values(runs, trigger).items():
-            goal = f" (target <= {TARGETS[label]})" if label in TARGETS else ""
+            goal = f" (target <= {goals[label]})" if label in goals else ""
             met = ""
-            if label in TARGETS:
-                met = "  met" if statistics.median(values) <= TARGETS[label] else "  MISSED"
+            if label in goals:
+                met = "  met" if statistics.median(values) <= goals[label] else "  MISSED"
             lines.append(f"    {label + goal}\n        {spread(values)}{met}")
         lines.append("  where the time goes, ms per batch with data (Spark's durationMs), mean:")
         for way in WAYS:
@@ -538,7 +554,7 @@ def plot(path: str, runs: list[Run], triggers: list[float], title: str) -> str |
     colour = 0
     for trigger in triggers:
         for label, values in ratio_values(runs, trigger).items():
-            if label not in TARGETS:
+            if label not in targets(trigger):
                 continue
             ratio_axis.plot(
                 range(1, len(values) + 1),
@@ -548,7 +564,8 @@ def plot(path: str, runs: list[Run], triggers: list[float], title: str) -> str |
                 label=f"{_trigger(trigger)}: {label}: median {statistics.median(values):.2f}",
             )
             colour += 1
-    ratio_axis.axhline(1.2, color="grey", linestyle="--", linewidth=1)
+    for goal in sorted({g for t in triggers for g in targets(t).values()}):
+        ratio_axis.axhline(goal, color="grey", linestyle="--", linewidth=1)
     ratio_axis.set_xlabel("round")
     ratio_axis.set_ylabel("ratio of p99 latencies (dashed: target)")
     ratio_axis.set_title("p99 ratios per round")
@@ -583,7 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         "once in a virtual environment of the harness cache)",
     )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--replot", default="", help="print and plot a --json file again")
     args = parser.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.plot)
     if args.smoke:
         args.rounds, args.rate, args.seconds, args.warmup = 1, 200, 3.0, 2.0
         smoke_run()
@@ -624,6 +644,22 @@ def main(argv: list[str] | None = None) -> int:
         print(problem or f"plot: {args.plot}")
         if args.json:
             write_runs(args.json, args, runs)
+    return 0
+
+
+def replot(path: str, plot_path: str) -> int:
+    """Print the report of a ``--json`` file again and draw its plot (no broker, no Spark)."""
+    with open(path) as fh:
+        kept = json.load(fh)
+    runs = [Run(**run) for run in kept["runs"]]
+    triggers = sorted({run.trigger for run in runs}, reverse=True)
+    print(f"runs of {path} (measured on: {kept['machine']})")
+    print(report(runs, triggers))
+    rate, rounds = kept["args"]["rate"], kept["args"]["rounds"]
+    title = f"Kafka → Kafka end-to-end latency at {rate} records/s, {rounds} rounds"
+    title += f"; {kept['machine']}"
+    problem = plot(plot_path, runs, triggers, title)
+    print(problem or f"plot: {plot_path}")
     return 0
 
 
