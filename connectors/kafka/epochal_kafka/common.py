@@ -18,6 +18,14 @@ connector): ``kafka.bootstrap.servers``, ``kafka.security.protocol``, ..."""
 QUIET = {"log_level": 3}
 """librdkafka logs errors only (its warnings about retried requests are noise here)."""
 
+PROMPT_CONNECT = {"reconnect.backoff.ms": 10}
+"""A new client's first connection to a broker it learned from the bootstrap metadata waits
+librdkafka's reconnect backoff (100 ms by default, jittered), though it never connected to that
+broker before; 10 ms (still doubling up to ``reconnect.backoff.max.ms`` while a broker stays
+down). Measured against one broker on loopback: a new transactional producer's
+``init_transactions()`` 54 → 15 ms (p50), a new marker consumer's first committed-offset read
+53 → 14 ms. ``kafka.reconnect.backoff.ms`` overrides it."""
+
 
 def bootstrap_servers(options: Options) -> str:
     """The brokers: ``kafka.bootstrap.servers``, else its alias ``bootstrapServers``; a clear
@@ -40,14 +48,15 @@ def client_config(options: Options) -> dict[str, Any]:
     """The librdkafka configuration from ``kafka.*`` options (``bootstrapServers`` is an alias
     of ``kafka.bootstrap.servers``); a clear error when no broker address is given. The
     properties themselves are checked by librdkafka when the first client is made
-    (:func:`admin_client`, at the part's check)."""
+    (:func:`admin_client`, at the part's check). :data:`QUIET` and :data:`PROMPT_CONNECT` are
+    defaults a ``kafka.*`` option overrides."""
     config: dict[str, Any] = {
         key[len(CLIENT_PREFIX) :]: value
         for key, value in options.items()
         if key.startswith(CLIENT_PREFIX)
     }
     config["bootstrap.servers"] = bootstrap_servers(options)
-    return {**QUIET, **config}
+    return {**QUIET, **PROMPT_CONNECT, **config}
 
 
 _PROPERTY = re.compile(r'(?:property|for):? "(?P<name>[^"]+)"')
