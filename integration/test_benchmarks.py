@@ -134,7 +134,10 @@ def test_jms_bench(jms_server: JmsServer, tmp_path: Path) -> None:
 def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
     # one trigger (the 1 s one): each trigger is the same code with another interval, and
     # each costs three more queries
-    output = run_bench("latency_bench", tmp_path, kafka_env(kafka_server), "--triggers", "1")
+    kept = tmp_path / "latency.json"
+    output = run_bench(
+        "latency_bench", tmp_path, kafka_env(kafka_server), "--triggers", "1", "--json", str(kept)
+    )
     assert "MISSING" not in output, output
     assert "trigger 1s" in output and "trigger asap" not in output, output
     assert re.search(r"p99 +\d+\.\d{3} \(IQR", output), output
@@ -144,6 +147,21 @@ def test_latency_bench(kafka_server: KafkaServer, tmp_path: Path) -> None:
         "p99 fast path, in order → foreachBatch epochal (EO) / Spark Kafka → Spark Kafka (ALO)",
         "p99 epochal at-least-once / Spark Kafka → Spark Kafka (ALO)",
     )
+    # the kept runs give the same report again, without a broker or Spark
+    replot = ["--replot", str(kept), "--plot", str(tmp_path / "again.png")]
+    again = subprocess.run(
+        [sys.executable, "-m", "integration.bench.latency_bench", *replot],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("trigger 1s:"))
+    end = next(i for i, line in enumerate(lines) if "plot" in line and i > start)
+    report = lines[start:end]
+    assert "\n".join(report) in again.stdout, again.stdout
 
 
 @pytest.mark.timeout(900)
