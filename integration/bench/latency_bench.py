@@ -634,17 +634,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = bench.rounds(args, triggers, lambda line: print(line, flush=True))
         print(f"load at the end: {machine()}")
         print(report(runs, triggers))
-        problem = plot(
-            args.plot,
-            runs,
-            triggers,
-            f"Kafka → Kafka end-to-end latency at {args.rate} records/s, {args.rounds} rounds; "
-            f"{machine()}",
-        )
+        problem = plot(args.plot, runs, triggers, _title(args.rate, args.rounds, machine()))
         print(problem or f"plot: {args.plot}")
         if args.json:
             write_runs(args.json, args, runs)
     return 0
+
+
+def _title(rate: int, rounds: int, where: str) -> str:
+    """The plot's title: the input rate, the rounds and the machine."""
+    return f"Kafka → Kafka end-to-end latency at {rate} records/s, {rounds} rounds; {where}"
 
 
 def replot(path: str, plot_path: str) -> int:
@@ -655,9 +654,7 @@ def replot(path: str, plot_path: str) -> int:
     triggers = sorted({run.trigger for run in runs}, reverse=True)
     print(f"runs of {path} (measured on: {kept['machine']})")
     print(report(runs, triggers))
-    rate, rounds = kept["args"]["rate"], kept["args"]["rounds"]
-    title = f"Kafka → Kafka end-to-end latency at {rate} records/s, {rounds} rounds"
-    title += f"; {kept['machine']}"
+    title = _title(kept["args"]["rate"], kept["args"]["rounds"], kept["machine"])
     problem = plot(plot_path, runs, triggers, title)
     print(problem or f"plot: {plot_path}")
     return 0
