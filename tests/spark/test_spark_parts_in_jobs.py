@@ -29,6 +29,7 @@ import pytest
 
 from epochal import Job, JobConfig, JobStatus
 from epochal.base import processes
+from epochal.base.fault_plan import FaultPlan
 from epochal.metrics import timeline
 from epochal.metrics.exposition import render_prometheus
 from epochal.ops.status import job_status
@@ -39,7 +40,7 @@ from epochal.parts.spark_plan import (
     session_verdict_path,
 )
 from epochal.state.jobs import JobDirectory
-from epochal.state.layout import JobLayout
+from epochal.state.layout import FAULTS, JobLayout
 from epochal.state.lease.session import DriverJvm, hold, read_record, record_path
 from epochal.state.manifests import MANIFESTS, verify_job
 from epochal.testing.scenarios import LOCAL, TEST_SPARK_CONF
@@ -349,6 +350,94 @@ def test_a_query_started_again_in_its_driver_takes_a_new_run_and_settles_its_str
         "recovery at the start of run 2: finished 0 decided batch(es) [], "
         f"rolled back {len(strays)}" in protocol
     ), protocol
+
+
+# --- plain sessions: a graceful stop in the middle of a batch ------------------------------
+
+#: A task of batch 1 is slowed after it wrote, before it prepares: the stop finds it there,
+#: and it prepares after the driver heard of the stop (before Spark kills its worker).
+SLOWED_BEFORE_PREPARE = "sink.after_write@1:slow"
+
+
+def _graceful_stop_query(session: Any, tmp_path: Path, map_path: str, sink: str, **job: str) -> Any:
+    """200 records in two batches of 100 into the map 'output' (exactly-once), started: an
+    epochal source and data source sink (the session check settles the stopped query), or
+    Spark's text file source into the map sink's ``foreachBatch`` writer (the session check
+    knows nothing of that query: the writer settles its batch itself)."""
+    checkpoint = str(tmp_path / f"checkpoint-{sink}")
+    if sink == "data source":
+        return _session_copy(session, map_path, Path(checkpoint), **job)
+    import epochal
+
+    lines = tmp_path / "lines"
+    if not lines.exists():
+        lines.mkdir()
+        for first in (0, 100):  # a file a batch
+            text = "".join(f"{i}\n" for i in range(first, first + 100))
+            (lines / f"part-{first:03d}.txt").write_text(text)
+    writer = epochal.foreach_batch(
+        "map", path=map_path, map="output", mode="transactional", options=job
+    )
+    return (
+        session.readStream.option("maxFilesPerTrigger", "1")
+        .text(str(lines))
+        .selectExpr("value AS key", "concat('v', value) AS value")
+        .repartition(2)
+        .writeStream.foreachBatch(writer)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def _tasks_ended(session: Any, run_id: str) -> bool:
+    """Whether every task of the query run ``run_id`` has ended, as Spark's status store (the
+    record its UI shows, written from each task's end event) has them: a reader of its own,
+    independent of what epochal waits on."""
+    tracker = session.sparkContext.statusTracker()
+    status = session.sparkContext._jsc.sc().statusStore()
+    for job in tracker.getJobIdsForGroup(run_id):
+        for stage in tracker.getJobInfo(job).stageIds:
+            info = tracker.getStageInfo(stage)
+            if info is None:
+                continue
+            tasks = status.taskList(stage, info.currentAttemptId, 10_000).iterator()
+            while tasks.hasNext():
+                if tasks.next().status() == "RUNNING":
+                    return False
+    return True
+
+
+@pytest.mark.parametrize("sink", ["data source", "foreachBatch"])
+def test_a_graceful_stop_leaves_nothing_in_doubt_even_a_task_that_prepares_after_it(
+    session: Any, tmp_path: Path, map_path: str, sink: str
+) -> None:
+    """``query.stop()`` while a task of batch 1 is slowed before its prepare: Spark cancels
+    the batch at once, but the task prepares a moment later. The stopped query's settling
+    waits for the batch's tasks to end (:mod:`epochal.spark.task_ends`) before it rolls the
+    batch back, so nothing is left in doubt; started again, the query writes every record
+    once, by value. Without the wait the late prepare stays in doubt."""
+    snapshots = str(tmp_path / "snapshots")
+    job = {"epochal.job": "graceful", "epochal.snapshotDir": snapshots}
+    faults = FaultPlan.parse(
+        SLOWED_BEFORE_PREPARE, f"{JobLayout(snapshots, 'graceful').path}/{FAULTS}"
+    )
+    query = _graceful_stop_query(
+        session, tmp_path, map_path, sink, **job, **{"epochal.faults": SLOWED_BEFORE_PREPARE}
+    )
+    _until(lambda: bool(faults.fired()) or not query.isActive, "batch 1's task to be slowed")
+    assert faults.fired(), f"the query ended before batch 1's task was slowed: {query.exception()}"
+    query.stop()
+    check = session._epochal_session_check  # register()'s listener: wait for its settling
+    assert check.drain(60), "the session check did not settle the stopped query in 60 s"
+    _until(lambda: _tasks_ended(session, str(query.runId)), "the stopped batch's tasks to end")
+    _, duplicated, in_doubt = _counts(map_path, 200)
+    assert in_doubt == [], f"the graceful stop left batch 1 in doubt: {in_doubt}"
+    assert duplicated == 0
+
+    _graceful_stop_query(session, tmp_path, map_path, sink, **job).awaitTermination()
+    assert _output(map_path) == {str(i): f"v{i}" for i in range(200)}
+    assert _counts(map_path, 200) == (0, 0, [])
 
 
 # --- plain sessions: the fence that stops one query, the keeper watched ----------------------

@@ -152,15 +152,17 @@ def test_every_start_of_the_query_in_one_driver_after_the_first_takes_a_new_run(
     _, driver = drivers()
     options = {"epochal.job": JOB, "epochal.snapshotDir": snapshots, "epochal.leaseTtl": "2s"}
 
-    def start() -> JobContext:  # the planner of the query's sink, at a start of the query
-        return JobContext.current(options).holding_the_lease(options, driver, query_start=True)
+    def start(query_run: str) -> JobContext:  # a start of the query (Spark's run id)
+        return JobContext.current(options).holding_the_lease(options, driver, query_start=query_run)
 
-    assert (_context(snapshots, driver).run, start().run) == (1, 1)  # the keeper's run
+    assert (_context(snapshots, driver).run, start("a").run) == (1, 1)  # the keeper's run
     assert _context(snapshots, driver).run == 1  # a batch's planner: no new run
-    restarted = start()  # the query stopped and is started again in the same JVM
+    assert start("a").run == 1  # the same start claimed again (its foreachBatch writer)
+    restarted = start("b")  # the query stopped and is started again in the same JVM
     assert (restarted.lease_epoch, restarted.run) == (1, 2)
     assert _context(snapshots, driver).run == 2  # every later planner of it: the new run
-    assert start().run == 3
+    assert start("b").run == 2
+    assert start("c").run == 3
     record = JobDirectory(snapshots, JOB).load()
     assert record.run == 3 and [r["run"] for r in record.runs] == [1, 2, 3]
     assert [r.get("outcome") for r in record.runs] == [

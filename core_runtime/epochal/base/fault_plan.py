@@ -25,6 +25,9 @@ Actions (the default is ``driver`` for driver points, ``executor`` for executor 
 ``stall``       SIGSTOP only the process that reached the point (a task stuck where a
                 stop finds it: a worker in a long GC, a hung call): the run goes on around
                 it until a stop or a kill of the run ends it.
+``slow``        the process that reached the point carries on after :data:`SLOW_SECONDS`
+                (a task a stop finds slowed, in a GC pause or on a slow disk: it takes its
+                next step after the stop, before Spark kills its Python worker).
 
 The process that fires a fault first records a marker in ``<job>/faults`` (with the pids it
 is about to kill or stop, and the run's token), then acts. A run that a fault ended or
@@ -67,11 +70,14 @@ EXECUTOR_POINTS = {
     "sink.after_flush": "idempotent sink: a task flushed its upserts, not yet reported",
 }
 POINTS = {**DRIVER_POINTS, **EXECUTOR_POINTS}
-ACTIONS = ("driver", "executor", "worker", "supervisor", "pause", "stall")
+ACTIONS = ("driver", "executor", "worker", "supervisor", "pause", "stall", "slow")
 RUN_ENDING_ACTIONS = ("driver", "supervisor", "pause")
 """Actions after which the run they hit fires no more faults (it is ended or a zombie)."""
 
 FAULTS_ENV = "EPOCHAL_FAULTS"
+SLOW_SECONDS = 1.5
+"""How long ``slow`` holds its process: less than Spark takes to kill the Python worker of a
+cancelled task (``spark.python.task.killTimeout``, 2 s, after its monitor saw the cancel)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,9 @@ def _act(fault: Fault, batch: int | None) -> None:
     if kind == "stall":
         os.kill(os.getpid(), signal.SIGSTOP)
         return  # resumed (SIGCONT): carry on
+    if kind == "slow":
+        time.sleep(SLOW_SECONDS)  # the fault itself: a slowed step, not a wait for anything
+        return
     if kind == "supervisor":
         if supervisor:
             _signal(supervisor, signal.SIGKILL)

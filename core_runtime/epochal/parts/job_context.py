@@ -114,14 +114,15 @@ class JobContext:
         options: Mapping[str, str] | None = None,
         driver: DriverJvm | None = None,
         *,
-        query_start: bool = False,
+        query_start: str | None = None,
     ) -> JobContext:
         """This context with the job's lease held by this process's driver (``driver``:
         default, the JVM this process runs under; a query started without ``epochal run``):
         its lease epoch and run. A supervised run holds it already; a query without a
         snapshot directory holds none, which only less than exactly-once may do.
-        ``query_start``: the job's query starts now; a start after the first in this driver
-        begins a new run (:func:`~epochal.state.lease.session.hold`)."""
+        ``query_start``: the job's query starts now, as the Spark query run of this id; a
+        start after the first in this driver begins a new run
+        (:func:`~epochal.state.lease.session.hold`)."""
         if self.supervised:
             return self
         if not self.job_dir:

@@ -29,6 +29,7 @@ from epochal.spark.query_fence import QueryFence
 from epochal.spark.session_progress import SessionQuery
 from epochal.spark.sinks import contract_of
 from epochal.spark.sources import AcknowledgingReader, ReplayableReader
+from epochal.spark.task_ends import wait_for_tasks_to_end
 from epochal.state import retention
 from epochal.state.lease.session import DriverJvm
 from epochal.state.run_records import RUN_DIR_ENV
@@ -458,7 +459,7 @@ class _SessionCheck(StreamingQueryListener):
         query = self.queries.pop(str(event.runId), None)
         if query is not None and not event.exception:
             try:
-                wait_for_tasks_to_end(self.spark, str(event.runId), TASKS_END_SECONDS)
+                wait_for_tasks_to_end(self.spark, str(event.runId))
                 query.settle_stopped(log.info)
             except Exception as exc:  # the next start's recovery settles what stays
                 log.warning(
@@ -479,35 +480,6 @@ class _SessionCheck(StreamingQueryListener):
                 type(exc).__name__,
                 secrets.mask(str(exc)),
             )
-
-
-NEWEST_JOBS = 10
-"""How many of a stopped query's newest Spark jobs are looked at for tasks still running."""
-TASKS_END_SECONDS = 30.0
-"""How long a stopped query's settling waits for the tasks Spark cancelled to end (a Python
-worker is killed ``spark.python.task.killTimeout`` after its task was, 2 s by default)."""
-
-
-def wait_for_tasks_to_end(spark: Any, run_id: str, seconds: float) -> bool:
-    """Wait until no task of the stopped query run ``run_id`` runs any more (Spark cancels
-    them when the query stops, and they end a moment later: none of them prepares anything
-    after that), at most ``seconds``; a context being stopped has none left. Spark runs a
-    query's jobs in the job group of its run id; the newest of them are the batch the stop
-    interrupted. Returns whether they ended."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            tracker = spark.sparkContext.statusTracker()
-            jobs = sorted(tracker.getJobIdsForGroup(run_id))[-NEWEST_JOBS:]
-            stages = [s for j in jobs for s in getattr(tracker.getJobInfo(j), "stageIds", [])]
-            running = sum(getattr(tracker.getStageInfo(s), "numActiveTasks", 0) for s in stages)
-        except Exception:  # the context is stopping (``spark.stop()``): its tasks end with it
-            return True
-        if running == 0:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
 
 
 def _refuse_what_the_session_check_refused(context: JobContext) -> None:

@@ -44,7 +44,7 @@ from epochal.parts.spark_plan.judgement import judge, part_records, settled_by_p
 from epochal.parts.spark_plan.jvm import Jvm, UnreadablePlanError, private_field
 from epochal.parts.spark_plan.reading import read_started_query
 from epochal.parts.spark_plan.session import session_driver
-from epochal.spark import sink_steps
+from epochal.spark import sink_steps, task_ends
 from epochal.spark.common import Part, protocol_step, sdk_schema
 from epochal.spark.sink_steps import TaskOutcome
 from epochal_sdk import Guarantee, Schema, TransactionalSink
@@ -130,6 +130,10 @@ class ForeachBatchWriter:
         registry.check_runtime_options(self.options)
         registry.check_options(connector, "sink", self.options)
         self._run: _Run | None = None
+        self._query_run: str | None = None
+        """The Spark query run this writer last started a run for: a query run is started
+        once (a second start of it, after a batch's failure that a caller swallowed, claims
+        no new run and takes no lost lease back); a run id never comes back."""
         global _made, _last_made
         _made, _last_made = _made + 1, self
 
@@ -148,11 +152,18 @@ class ForeachBatchWriter:
     # -- the start of a run ----------------------------------------------------------------
     def _start(self, frame: Any) -> _Run:
         """Hold the job's lease, check the sink, record the part, and recover what earlier
-        runs left in doubt: once per run, before the run's first batch is written."""
+        runs left in doubt: once per run, before the run's first batch is written. In a
+        plain session a start of the query after the first in this driver begins a new run
+        (its Spark run id is the job group of its batches' jobs), as a data source sink's
+        does: its recovery settles what the stopped query left, and no transaction id of
+        the stopped query is used again."""
         spark = frame.sparkSession
+        query_run = task_ends.job_group(spark)
+        starting = query_run if query_run != self._query_run else None
         context = JobContext.current(self.options).holding_the_lease(
-            self.options, session_driver(spark)
+            self.options, session_driver(spark), query_start=starting
         )
+        self._query_run = query_run
         part = Part.in_job("sink", self.connector, self.options, context)
         fields = sdk_schema(frame.schema)
         sink = part.build_sink()
@@ -193,7 +204,7 @@ class ForeachBatchWriter:
         try:
             outcomes = run_tasks(part, frame, batch, "transactional")
         except BaseException:
-            _roll_back_batch(part, batch)
+            _roll_back_batch(part, frame, batch)
             raise
         sink_steps.commit_transactional(part, batch, outcomes)
 
@@ -245,12 +256,23 @@ def writers_made() -> tuple[int, ForeachBatchWriter | None]:
     return _made, _last_made
 
 
-def _roll_back_batch(part: Part, batch: int) -> None:
-    """The tasks of an undecided batch failed: roll back what they prepared in this run (a
-    batch written again in the same run uses the same transaction ids). Best effort: recovery
-    at the next run's start rolls back whatever is left."""
+def _roll_back_batch(part: Part, frame: Any, batch: int) -> None:
+    """The tasks of an undecided batch failed, or the query was stopped while they ran: roll
+    back what they prepared in this run (a batch written again in the same run uses the same
+    transaction ids), once no task of the batch runs any more (a task the stop cancelled can
+    still prepare after the driver heard of the cancel: :mod:`epochal.spark.task_ends`).
+    Best effort: recovery at the next run's start rolls back whatever is left."""
     if part.guarantee != Guarantee.EXACTLY_ONCE:
         return
+    group = task_ends.job_group(frame.sparkSession)
+    if group is not None and not task_ends.wait_for_tasks_to_end(frame.sparkSession, group):
+        log.warning(
+            "epochal: %s: batch %s: a task of the failed batch still runs after %.0f s; "
+            "what it prepares later is rolled back at the next run's start",
+            part.label,
+            batch,
+            task_ends.TASKS_END_SECONDS,
+        )
     sink: TransactionalSink = part.build_sink(part.connector_context(batch=batch))
     try:
         protocol = sink_steps.two_phase(part, sink)

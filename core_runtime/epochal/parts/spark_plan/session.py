@@ -114,7 +114,7 @@ def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[st
             json.dump(written, fh)
         os.replace(temporary, path)
         if not refused:
-            held = _start_of_query(context, started.job_options, driver, name)
+            held = _start_of_query(context, started.job_options, driver, name, str(query.runId))
             if held is not None:
                 written["session_record"] = held
                 written["job_dir"] = context.job_dir
@@ -122,21 +122,23 @@ def check_session_query(spark: Any, query_id: str, driver: DriverJvm) -> dict[st
 
 
 def _start_of_query(
-    context: JobContext, options: Any, driver: DriverJvm, query_name: str
+    context: JobContext, options: Any, driver: DriverJvm, query_name: str, run_id: str
 ) -> str | None:
     """The job's query starts in this driver: the driver holds the job's lease from here,
     and every start of the query after the first in this driver's JVM begins a new run
     (:func:`~epochal.state.lease.session.hold` with ``query_start``), before Spark plans
     the query's parts, so that its sinks' recovery at the start of the run settles what the
-    stopped query left prepared, as a new driver's would. A lease that cannot be held is
-    only noted here: the query's planning meets it again and fails with it.
+    stopped query left prepared, as a new driver's would (``run_id``: the query's Spark run
+    id; its ``foreachBatch`` writer claims the same start again, which changes nothing). A
+    lease that cannot be held is only noted here: the query's planning meets it again and
+    fails with it.
 
     Returns:
         the driver's session record of the job (:func:`~epochal.state.lease.session.
         record_path`), which the driver's query fence watches, or None when no lease is
         held."""
     try:
-        held = context.holding_the_lease(options, driver, query_start=True)
+        held = context.holding_the_lease(options, driver, query_start=run_id)
     except EpochalError as exc:
         log.warning(
             "epochal: query %r of job %r: the job's lease is not held: %s",

@@ -101,18 +101,21 @@ def hold(
     ttl: float,
     driver: DriverJvm | None = None,
     *,
-    query_start: bool = False,
+    query_start: str | None = None,
 ) -> Holding:
     """The job's lease as this process's driver (``driver``: default, the JVM this process
     runs under) holds it: read from the driver's record, or taken now by a new keeper
     (waiting out a live holder's TTL). Raises :class:`LeaseNotHeldError` when another driver
     keeps the job.
 
-    ``query_start``: the job's query starts now (Spark plans its epochal sink). The first
-    start in a driver JVM runs as the run the keeper began with the lease; every later start
-    (the query stopped or failed and was started again in the same JVM) begins a new run
-    (:func:`begin_run`), so that its sinks' start-of-run recovery settles what the stopped
-    query left prepared, as a new driver's would, and no transaction id is used twice.
+    ``query_start``: the job's query starts now, as the Spark query run of this id (its
+    ``runId``; Spark plans its epochal sink, or its ``foreachBatch`` writer has its first
+    batch). The first start in a driver JVM runs as the run the keeper began with the
+    lease; every later start (the query stopped or failed and was started again in the same
+    JVM) begins a new run (:func:`begin_run`), so that its sinks' start-of-run recovery
+    settles what the stopped query left prepared, as a new driver's would, and no
+    transaction id is used twice. A start is claimed once: the session check and the
+    query's writer may both claim the same query run, and only the first does.
     Once the driver lost the lease (:data:`LOST` in its record) every planner of the job
     is refused, but a new start of the query takes the lease again through a new keeper
     (waiting out the holder that took it)."""
@@ -129,7 +132,7 @@ def hold(
             and not found.get(LOST)
             and processes.alive(int(found["keeper"]))
         ):
-            return _holding(_claimed(layout, path, found) if query_start else found)
+            return _holding(_claimed(layout, path, found, query_start) if query_start else found)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         prune_ended_sessions(layout)
@@ -139,7 +142,9 @@ def hold(
             found = read_record(path)
             if found is not None:
                 if "epoch" in found:
-                    return _holding(_claimed(layout, path, found) if query_start else found)
+                    return _holding(
+                        _claimed(layout, path, found, query_start) if query_start else found
+                    )
                 raise LeaseNotHeldError(str(found.get("error") or found.get(LOST)))
             if keeper.poll() is not None:
                 raise LeaseNotHeldError(
@@ -219,16 +224,18 @@ def update_record(path: str, **fields: Any) -> dict[str, Any] | None:
 
 
 QUERY_STARTED = "query_started"
-"""In a session record: whether a start of the job's query runs as the record's run (a
-later start begins a new run)."""
+"""In a session record: the Spark run id of the start of the job's query that runs as the
+record's run (a later start begins a new run); absent before the first start."""
 
 
-def _claimed(layout: JobLayout, path: str, found: dict[str, Any]) -> dict[str, Any]:
-    """The session record ``found`` at ``path`` claimed by a start of the job's query: its
-    run, if no start ran as it yet, else a new run (:func:`begin_run`). Called under the
-    record's lock."""
+def _claimed(layout: JobLayout, path: str, found: dict[str, Any], query_run: str) -> dict[str, Any]:
+    """The session record ``found`` at ``path`` claimed by the start of the job's query run
+    ``query_run``: its run, if no start ran as it yet, else a new run (:func:`begin_run`);
+    unchanged when this query run claimed it already. Called under the record's lock."""
     from epochal.state.jobs import JobDirectory
 
+    if found.get(QUERY_STARTED) == query_run:
+        return found
     if found.get(QUERY_STARTED):
         jobdir = JobDirectory(layout.snapshot_dir, layout.name)
         run = begin_run(
@@ -239,7 +246,7 @@ def _claimed(layout: JobLayout, path: str, found: dict[str, Any]) -> dict[str, A
             previous=int(found["run"]),
         )
         found = {**found, "run": run}
-    found = {**found, QUERY_STARTED: True}
+    found = {**found, QUERY_STARTED: query_run}
     write_record(path, found)
     return found
 
